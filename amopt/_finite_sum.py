@@ -1,0 +1,56 @@
+"""The finite-sum protocol accepted by the stochastic methods of `amopt.minimize`."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["FiniteSum"]
+
+
+@runtime_checkable
+class FiniteSum(Protocol):
+    r"""An objective :math:`f(x) = \frac{1}{n} \sum_{i=1}^{n} f_i(x) + r(x)`.
+
+    Any object with these three members can be passed as ``fun`` to
+    :func:`amopt.minimize`. The stochastic methods (``"sgd"``, ``"msgd"``,
+    ``"am-sgd"``, and ``"adam"``/``"adamw"``/``"am-adam"``/``"am-adamw"`` with
+    ``batch_size``) call :meth:`batch_value_and_grad` on sampled index arrays;
+    the full value and gradient are used for the final result and by the
+    deterministic methods.
+
+    Attributes
+    ----------
+    n_samples : int
+        The number of terms ``n``.
+
+    Methods
+    -------
+    value_and_grad(x)
+        Full objective value (a scalar) and gradient (same shape and array
+        type as ``x``).
+    batch_value_and_grad(x, indices)
+        Mean of :math:`f_i` over ``indices`` (plus the regulariser ``r``, if
+        any) and its gradient. ``indices`` is a 1-D NumPy integer array; an
+        implementation on another backend converts it itself.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import amopt
+    >>> class Mean:
+    ...     n_samples = 3
+    ...     a = np.array([1.0, 2.0, 6.0])
+    ...     def value_and_grad(self, x):
+    ...         return self.batch_value_and_grad(x, np.arange(3))
+    ...     def batch_value_and_grad(self, x, indices):
+    ...         r = x - self.a[indices]
+    ...         return 0.5 * float(np.mean(r**2)), np.array([np.mean(r)])
+    >>> isinstance(Mean(), amopt.FiniteSum)
+    True
+    """
+
+    n_samples: int
+
+    def value_and_grad(self, x: Any) -> tuple[Any, Any]: ...
+
+    def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]: ...
