@@ -36,6 +36,7 @@ from amopt._core import (
     heavy_ball_step,
 )
 from amopt._finite_sum import FiniteSum
+from amopt._minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method
 
 __version__ = "0.1.0.dev0"
 
@@ -45,6 +46,8 @@ __all__ = [
     "AdamState",
     "FiniteSum",
     "HeavyBallState",
+    "METHODS",
+    "STATUS_MESSAGES",
     "adam_init",
     "adam_step",
     "am_adam_beta",
@@ -57,4 +60,6 @@ __all__ = [
     "gd_step",
     "heavy_ball_init",
     "heavy_ball_step",
+    "minimize",
+    "scipy_method",
 ]

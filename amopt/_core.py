@@ -256,7 +256,12 @@ def heavy_ball_init(params: Any) -> HeavyBallState:
 
 
 def heavy_ball_step(
-    params: Any, grads: Any, state: HeavyBallState, *, lr: float, beta: float,
+    params: Any,
+    grads: Any,
+    state: HeavyBallState,
+    *,
+    lr: float,
+    beta: float,
     weight_decay: float = 0.0,
 ) -> tuple[Any, HeavyBallState]:
     r"""Damped heavy ball (MGD) with a fixed momentum ``beta``.
@@ -312,7 +317,10 @@ class AMState(NamedTuple):
 
 
 def am_momentum_init(params: Any, d0: Any = None) -> AMState:
-    """Initial AM state. ``d0`` (e.g. zeros, as in the theory of Section 3.5) overrides ``d = g``."""
+    """Initial AM state.
+
+    ``d0`` (e.g. zeros, as in the theory of Section 3.5) replaces ``d_0 = g_0``.
+    """
     if d0 is None:
         return AMState(step=0, d=None, f_prev=None)
     ds, _ = _as_tuple(d0)
@@ -674,8 +682,16 @@ def am_adam_step(
         c = 1.0 - beta1_max * prod
         p_s = [xp.astype(c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2)) for i in scope]
         beta = _am_adam_beta(
-            xp, [gs[i] for i in scope], [state.exp_avg[i] for i in scope],
-            [xs[i] for i in scope], p_s, lr, lam, beta1_max, wd, f_decrease,
+            xp,
+            [gs[i] for i in scope],
+            [state.exp_avg[i] for i in scope],
+            [xs[i] for i in scope],
+            p_s,
+            lr,
+            lam,
+            beta1_max,
+            wd,
+            f_decrease,
         )
         beta = _apply_variant(xp, beta, variant, beta_min, theta, beta_high, beta_low)
         for i, p in zip(scope, p_s, strict=True):

@@ -66,11 +66,11 @@ def _apply_variant(beta, variant, beta_min, theta, beta_high, beta_low):
     raise ValueError(f"unknown variant {variant!r}")
 
 
-def _betas_array(betas, per_layer):
-    betas = np.array(betas, dtype=np.float64)
-    if not per_layer:
-        betas = betas.reshape(-1)
-    return betas
+def _betas_array(betas, per_layer, n_arrays):
+    """Stack the per-step lists of scope betas into the documented shape."""
+    if per_layer:
+        return np.array(betas, dtype=np.float64).reshape(len(betas), n_arrays)
+    return np.array(betas, dtype=np.float64).reshape(len(betas))
 
 
 def am_beta(num, den, dd, gg, beta_max):
@@ -210,7 +210,7 @@ def run_am_mgd(
         f_prev = f
         xs.append(_copy(x))
         betas.append(step_betas)
-    return {"x": xs, "betas": _betas_array(betas, per_layer), "d": d}
+    return {"x": xs, "betas": _betas_array(betas, per_layer, n), "d": d}
 
 
 def run_adam(
@@ -347,10 +347,12 @@ def run_am_adam(
                 wdd += np.sum(w[i] * d[i] ** 2)
                 wgg += np.sum(w[i] * g[i] ** 2)
             if numerator == "exact" and f_prev is not None:
-                N = (1 + wd * lr) * (f_prev - f) / lr
+                vg_w = 0.0
+                xv = 0.0
                 for i in scope:
-                    N -= np.sum(w[i] * (d[i] - g[i]) * (g[i] + lam * p[i] * d[i]))
-                    N -= wd * np.sum(x[i] * (d[i] - g[i]))
+                    vg_w += np.sum(w[i] * (d[i] - g[i]) * (g[i] + lam * p[i] * d[i]))
+                    xv += np.sum(x[i] * (d[i] - g[i]))
+                N = (1 + wd * lr) * (f_prev - f) / lr - vg_w - wd * xv
 
             # step 5, then the variant
             beta = am_beta(N, D, wdd, wgg, beta1_max)
@@ -372,4 +374,4 @@ def run_am_adam(
         f_prev = f
         xs.append(_copy(x))
         betas_applied.append(step_betas)
-    return {"x": xs, "betas": _betas_array(betas_applied, per_layer), "d": d}
+    return {"x": xs, "betas": _betas_array(betas_applied, per_layer, n), "d": d}
