@@ -165,6 +165,9 @@ def am_beta(
 
 def _am_beta(xp, gs, ds, lam, beta_max, lr, f_decrease):
     acc = _acc(xp, gs)
+    # Half-precision inputs: form d - g in the accumulation dtype too, or it can overflow.
+    gs = [g if g.dtype == acc else xp.astype(g, acc) for g in gs]
+    ds = [d if d.dtype == acc else xp.astype(d, acc) for d in ds]
     vs = [dd - gg for dd, gg in zip(ds, gs, strict=True)]
     den = _scope_sum(xp, [(v, v) for v in vs], acc)
     gg = _scope_sum(xp, [(g, g) for g in gs], acc)
