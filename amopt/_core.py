@@ -376,7 +376,9 @@ def am_momentum_step(
     weight_decay : float
         Coupled L2 weight decay :math:`\mu`.
     per_layer : bool
-        One beta per array instead of one over all arrays.
+        One beta per array instead of one over all arrays. With the exact
+        numerator the one decrease :math:`f(x_{t-1}) - f(x_t)` enters every
+        scope's numerator, as algorithms.md writes it.
     variant, beta_min, theta, beta_high, beta_low
         See :func:`apply_variant`.
 
