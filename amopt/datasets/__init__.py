@@ -1,0 +1,28 @@
+"""LIBSVM data: a loader, a registry of the standard sets, a download cache.
+
+``load_libsvm("mushrooms")`` and ``load_libsvm("a1a")`` work offline (compressed
+copies ship in ``amopt/datasets/data/``); other registered names are downloaded
+once from the LIBSVM site into ``$AMOPT_DATA_DIR/libsvm`` (default
+``~/.cache/amopt/libsvm``) and verified by SHA-256. Parsing uses scikit-learn
+(``pip install amopt[data]``).
+"""
+
+from ._download import ChecksumError, DownloadError, fetch_libsvm, get_data_home, sha256_file
+from ._libsvm import binary_labels, class_indices, load_libsvm
+from ._registry import LIBSVM_URL, LibsvmDataset, dataset_info, list_datasets, register_dataset
+
+__all__ = [
+    "LIBSVM_URL",
+    "ChecksumError",
+    "DownloadError",
+    "LibsvmDataset",
+    "binary_labels",
+    "class_indices",
+    "dataset_info",
+    "fetch_libsvm",
+    "get_data_home",
+    "list_datasets",
+    "load_libsvm",
+    "register_dataset",
+    "sha256_file",
+]
