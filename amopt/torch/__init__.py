@@ -1,0 +1,26 @@
+"""PyTorch optimizers with Adaptive Memory (AM) momentum.
+
+First-class ``torch.optim.Optimizer`` subclasses that follow
+``docs/algorithms.md`` step for step (they give the same iterates as the
+array-API rules of :mod:`amopt` on the same gradients):
+
+AMSGD
+    SGD with Adaptive Memory momentum (the paper's AM-MSGD); one beta per param
+    group by default.
+AMAdamW
+    AdamW with Adaptive Memory momentum (decoupled or proximal weight decay);
+    one beta per parameter tensor by default.
+AMAdam
+    AM-Adam: the same with weight decay as an L2 term in the gradient.
+amsgd, am_adamw
+    The functional forms, as ``torch.optim.sgd`` / ``torch.optim.adam`` provide.
+
+Every optimizer exposes :meth:`~AMSGD.latest_betas` (the betas of the last step
+as device tensors, cheap enough to log every step). Requires the ``torch``
+extra: ``pip install amopt[torch]``.
+"""
+
+from amopt.torch._amadamw import AMAdam, AMAdamW, am_adamw
+from amopt.torch._amsgd import AMSGD, amsgd
+
+__all__ = ["AMAdam", "AMAdamW", "AMSGD", "am_adamw", "amsgd"]

@@ -1,0 +1,774 @@
+r"""``AMAdamW`` and ``AMAdam``: Adam with Adaptive Memory momentum for ``torch.optim``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_foreach
+
+from amopt.torch._common import (
+    AMOptimizerBase,
+    accumulation_dtype,
+    apply_variant,
+    as_real,
+    bias_corrections,
+    cast,
+    check_choice,
+    check_flag,
+    check_nonnegative,
+    check_number,
+    check_unit_interval,
+    check_variant_options,
+    foreach_abssum,
+    foreach_sum,
+    guarded_beta,
+    new_step,
+    real_dtype,
+    total,
+)
+
+__all__ = ["AMAdam", "AMAdamW", "am_adamw"]
+
+#: Weight-decay modes of the functional ``am_adamw``; ``"l2"`` is AM-Adam.
+WEIGHT_DECAY_MODES = ("decoupled", "proximal", "l2")
+
+_DEFAULTS: dict[str, Any] = {
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "lam": 0.1,
+    "per_layer": True,
+    "variant": None,
+    "beta_min": 0.5,
+    "theta": 0.7,
+    "beta_high": 0.9,
+    "beta_low": 0.1,
+    "maximize": False,
+    "foreach": None,
+}
+
+
+def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
+    check_nonnegative("lr", group["lr"])
+    betas = group["betas"]
+    if not isinstance(betas, tuple | list) or len(betas) != 2:
+        raise ValueError(f"Invalid betas: {betas!r} (expected a pair (beta1_max, beta2))")
+    for k in (0, 1):
+        check_number(f"betas[{k}]", betas[k])
+        check_unit_interval(f"betas[{k}]", betas[k], upper_open=True)
+    check_nonnegative("eps", group["eps"])
+    check_nonnegative("weight_decay", group["weight_decay"])
+    check_nonnegative("lam", group["lam"])
+    check_flag("per_layer", group["per_layer"])
+    check_choice("weight_decay_mode", group["weight_decay_mode"], modes)
+    check_variant_options(group)
+    check_flag("maximize", group["maximize"])
+    check_flag("foreach", group["foreach"], allow_none=True)
+
+
+class AMAdamW(AMOptimizerBase):
+    r"""AdamW with Adaptive Memory momentum (AM-AdamW, Topollai & Choromanska, AISTATS 2026).
+
+    Adam's constant :math:`\beta_1` is replaced by a coefficient :math:`\beta_t`
+    computed in closed form at every step (``docs/algorithms.md``, section 3).
+    With :math:`d` = ``exp_avg`` and :math:`v` = ``exp_avg_sq`` (both start at 0)
+    and :math:`\pi` = ``beta1_prod`` (starts at 1), step :math:`t = 1, 2, \dots`:
+
+    .. math::
+
+        v &\leftarrow \beta_2 v + (1-\beta_2) g^2, \qquad
+        p = \big(1 - \beta_{1,\max}\,\pi\big)\big(\epsilon + \sqrt{v/(1-\beta_2^t)}\big),
+        \qquad u = \frac{1}{1+\lambda p}, \quad w = \frac{u}{p}, \\
+        N &= \textstyle\sum \frac{g^2}{p} - \lambda u (d-g)^2
+             + \mu\eta \frac{g d}{p} + \mu(2+\mu\eta) g x - \mu d x, \qquad
+        D = \textstyle\sum w (d-g)^2, \\
+        \beta_t &= \operatorname{clip}(N / D, 0, \beta_{1,\max}), \qquad
+        d \leftarrow g + \frac{\beta_t + \lambda p}{1 + \lambda p}(d - g), \qquad
+        \pi \leftarrow \pi \beta_t, \\
+        x &\leftarrow (1 - \eta\mu)\, x - \eta\, d / p
+        \quad\text{(decoupled)} \qquad\text{or}\qquad
+        x \leftarrow (x - \eta\, d/p) / (1 + \eta\mu) \quad\text{(proximal)},
+
+    with :math:`\beta_t = 0` when :math:`D \le \epsilon_{\text{mach}}^2
+    (\sum w d^2 + \sum w g^2)`. Sums run over the beta scope: each parameter
+    tensor (``per_layer=True``, the default, as in the paper's LLM runs) or every
+    parameter of the param group with a gradient (``per_layer=False``); the
+    product :math:`\pi` is kept per scope. On the first step :math:`\beta_1 =
+    \beta_{1,\max}` and the step equals AdamW's up to the factor
+    :math:`1/(1+\lambda p)`.
+
+    Parameters
+    ----------
+    params : iterable
+        Parameters or dicts defining parameter groups.
+    lr : float, default 1e-3
+        Learning rate :math:`\eta \ge 0`.
+    betas : (float, float), default (0.9, 0.999)
+        :math:`(\beta_{1,\max}, \beta_2)`, each in :math:`[0, 1)`; :math:`\beta_{1,\max}`
+        is the cap of the adaptive :math:`\beta_t`.
+    eps : float, default 1e-8
+        :math:`\epsilon \ge 0` of the preconditioner.
+    weight_decay : float, default 1e-2
+        :math:`\mu \ge 0`; enters both the beta rule and the update.
+    lam : float, default 0.1
+        Proximal regularisation :math:`\lambda \ge 0`.
+    per_layer : bool, default True
+        One beta per parameter tensor; ``False`` gives one beta per param group.
+    weight_decay_mode : {"decoupled", "proximal"}, default "decoupled"
+        How the decay enters the update (see the formula above).
+    variant : {None, "clip", "restart"}, default None
+        Section 4 variants, as in :class:`AMSGD`.
+    beta_min, theta, beta_high, beta_low : float
+        Parameters of the variants, each in :math:`[0, 1]`.
+    maximize : bool, default False
+        Maximise the objective.
+    foreach : bool or None, default None
+        Multi-tensor implementation (``None``: as ``torch.optim`` chooses).
+
+    Notes
+    -----
+    **State.** Per parameter: ``step`` (CPU counter), ``exp_avg``, ``exp_avg_sq``,
+    ``beta1_prod`` (:math:`\pi` of the parameter's scope) and ``beta`` (the 0-d
+    beta last applied), the last two in the accumulation dtype (float32 for
+    half-precision and float32 parameters, float64 for float64). ``state_dict()``
+    holds all of it; saving and loading mid-run continues bit-identically.
+
+    **Telemetry.** :meth:`latest_betas` returns the latest beta of every
+    parameter (every scope) as device tensors, without synchronising.
+
+    **No host synchronisation.** ``step()`` reads no device value on the host;
+    the bias correction :math:`1-\beta_2^t` comes from the CPU step counters.
+
+    **Schedulers.** Every ``torch.optim.lr_scheduler`` drives ``lr``; with
+    ``cycle_momentum=True``, ``CyclicLR`` and ``OneCycleLR`` cycle ``betas[0]``,
+    i.e. the cap :math:`\beta_{1,\max}` (which also enters the bias correction
+    :math:`1 - \beta_{1,\max}\pi`), never the adaptive :math:`\beta_t`.
+
+    Complex parameters are optimised as their real views; sparse gradients
+    raise ``RuntimeError``; parameters whose ``grad`` is ``None`` are skipped.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from amopt.torch import AMAdamW
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Linear(3, 1)
+    >>> opt = AMAdamW(model.parameters(), lr=1e-2)
+    >>> x, y = torch.randn(16, 3), torch.randn(16, 1)
+    >>> for _ in range(5):
+    ...     opt.zero_grad()
+    ...     torch.nn.functional.mse_loss(model(x), y).backward()
+    ...     opt.step()
+    >>> weight_beta, bias_beta = opt.latest_betas()[0]  # per-layer betas
+    >>> bool(0.0 <= weight_beta <= 0.9 and 0.0 <= bias_beta <= 0.9)
+    True
+    """
+
+    _weight_decay_modes: tuple[str, ...] = ("decoupled", "proximal")
+    _name = "AMAdamW"
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        lam: float = 0.1,
+        per_layer: bool = True,
+        weight_decay_mode: str = "decoupled",
+        variant: str | None = None,
+        beta_min: float = 0.5,
+        theta: float = 0.7,
+        beta_high: float = 0.9,
+        beta_low: float = 0.1,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+    ) -> None:
+        defaults: dict[str, Any] = {
+            "lr": lr,
+            "betas": tuple(betas) if isinstance(betas, list) else betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "lam": lam,
+            "per_layer": per_layer,
+            "weight_decay_mode": weight_decay_mode,
+            "variant": variant,
+            "beta_min": beta_min,
+            "theta": theta,
+            "beta_high": beta_high,
+            "beta_low": beta_low,
+            "maximize": maximize,
+            "foreach": foreach,
+        }
+        _validate(defaults, self._weight_decay_modes)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a param group; its hyper-parameters are validated like the constructor's."""
+        merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        _validate(merged, self._weight_decay_modes)
+        super().add_param_group(param_group)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in _DEFAULTS.items():
+                group.setdefault(key, value)
+            group.setdefault("weight_decay_mode", self._weight_decay_modes[0])
+            group.setdefault("weight_decay", 0.0)
+            for p in group["params"]:
+                state_p = self.state.get(p)
+                if state_p and "beta1_prod" not in state_p:
+                    dtype = accumulation_dtype([real_dtype(p)])
+                    state_p["beta1_prod"] = torch.ones((), dtype=dtype, device=p.device)
+        self._backfill_steps()
+
+    def _init_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        exp_avgs: list[Tensor],
+        exp_avg_sqs: list[Tensor],
+        state_steps: list[Tensor],
+        beta1_prods: list[Tensor],
+    ) -> None:
+        group_prod = None
+        if not group["per_layer"]:  # the scope's current product, held by every stepped member
+            for p in group["params"]:
+                state = self.state.get(p)
+                if state and "beta1_prod" in state:
+                    group_prod = state["beta1_prod"]
+                    break
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(
+                    f"{self._name} does not support sparse gradients: the beta rule needs "
+                    "dense inner products of the gradient and the momentum buffer"
+                )
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = new_step()
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group_prod is None:
+                    dtype = accumulation_dtype([real_dtype(p)])
+                    state["beta1_prod"] = torch.ones((), dtype=dtype, device=p.device)
+                else:
+                    state["beta1_prod"] = group_prod
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            state_steps.append(state["step"])
+            beta1_prods.append(state["beta1_prod"])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Perform one optimisation step.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss; called under
+            ``torch.enable_grad()``.
+
+        Returns
+        -------
+        The closure's loss, or ``None``.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        for group in self.param_groups:
+            params: list[Tensor] = []
+            grads: list[Tensor] = []
+            exp_avgs: list[Tensor] = []
+            exp_avg_sqs: list[Tensor] = []
+            state_steps: list[Tensor] = []
+            beta1_prods: list[Tensor] = []
+            self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+            if not params:
+                continue
+            beta1, beta2 = group["betas"]
+            check_unit_interval("betas[0]", beta1, upper_open=True)  # schedulers write it
+            betas, new_prods = am_adamw(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                state_steps,
+                beta1_prods,
+                foreach=group["foreach"],
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                weight_decay_mode=group["weight_decay_mode"],
+                lam=group["lam"],
+                per_layer=group["per_layer"],
+                variant=group["variant"],
+                beta_min=group["beta_min"],
+                theta=group["theta"],
+                beta_high=group["beta_high"],
+                beta_low=group["beta_low"],
+                maximize=group["maximize"],
+            )
+            for p, beta, prod in zip(params, betas, new_prods, strict=True):
+                state = self.state[p]
+                state["beta"] = beta
+                state["beta1_prod"] = prod
+            if not group["per_layer"]:
+                # beta and its product are group-level state: keep them on every stepped member
+                for p in group["params"]:
+                    state = self.state.get(p)
+                    if state:
+                        state["beta"] = betas[0]
+                        state["beta1_prod"] = new_prods[0]
+        return loss
+
+
+class AMAdam(AMAdamW):
+    r"""Adam with Adaptive Memory momentum (AM-Adam); weight decay is an L2 term in the gradient.
+
+    Identical to :class:`AMAdamW` with :math:`\mu = 0` in the beta rule and the
+    update, except that ``weight_decay`` (default 0) adds the L2 gradient
+    :math:`\mu x` to :math:`g` first, as ``torch.optim.Adam`` does:
+
+    .. math::
+
+        g \leftarrow \nabla f(x) + \mu x, \qquad
+        \beta_t = \operatorname{clip}\Big(\frac{\sum g^2/p - \lambda u (d-g)^2}
+                                              {\sum w (d-g)^2}, 0, \beta_{1,\max}\Big), \qquad
+        x \leftarrow x - \eta\, d / p,
+
+    with :math:`p, u, w` and the update of :math:`d` as in :class:`AMAdamW`.
+    Its param groups carry ``weight_decay_mode="l2"``.
+
+    Parameters
+    ----------
+    params, lr, betas, eps, lam, per_layer
+        As in :class:`AMAdamW`.
+    variant, beta_min, theta, beta_high, beta_low, maximize, foreach
+        As in :class:`AMAdamW`.
+    weight_decay : float, default 0
+        L2 penalty coefficient :math:`\mu \ge 0` added to the gradient.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from amopt.torch import AMAdam
+    >>> w = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    >>> opt = AMAdam([w], lr=0.1, lam=0.0)
+    >>> (w ** 2).sum().backward()
+    >>> opt.step()
+    >>> w.detach().tolist()  # the first step is Adam's: x - lr * sign(g)
+    [0.9000000005, -1.90000000025]
+    """
+
+    _weight_decay_modes = ("l2",)
+    _name = "AMAdam"
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        lam: float = 0.1,
+        per_layer: bool = True,
+        variant: str | None = None,
+        beta_min: float = 0.5,
+        theta: float = 0.7,
+        beta_high: float = 0.9,
+        beta_low: float = 0.1,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            lam=lam,
+            per_layer=per_layer,
+            weight_decay_mode="l2",
+            variant=variant,
+            beta_min=beta_min,
+            theta=theta,
+            beta_high=beta_high,
+            beta_low=beta_low,
+            maximize=maximize,
+            foreach=foreach,
+        )
+
+
+# --------------------------------------------------------------------------- functional
+
+
+def am_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    foreach: bool | None = None,
+    *,
+    lr: float = 1e-3,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 1e-2,
+    weight_decay_mode: str = "decoupled",
+    lam: float = 0.1,
+    per_layer: bool = True,
+    variant: str | None = None,
+    beta_min: float = 0.5,
+    theta: float = 0.7,
+    beta_high: float = 0.9,
+    beta_low: float = 0.1,
+    maximize: bool = False,
+) -> tuple[list[Tensor], list[Tensor]]:
+    r"""Functional AM-AdamW / AM-Adam: one step over ``params`` in place. See :class:`AMAdamW`.
+
+    All tensors given form one param group.
+
+    Parameters
+    ----------
+    params, grads : list of Tensor
+        Parameters (updated in place) and their dense gradients.
+    exp_avgs, exp_avg_sqs : list of Tensor
+        :math:`d` and :math:`v` (zeros before the first step), updated in place.
+    state_steps : list of Tensor
+        0-d step counters on the CPU, incremented in place.
+    beta1_prods : list of Tensor
+        0-d running products :math:`\pi` (ones before the first step). With
+        ``per_layer=False`` the first entry is the product of the whole scope.
+    foreach : bool or None
+        Multi-tensor implementation; ``None`` chooses as ``torch.optim`` does.
+    lr, beta1, beta2, eps, weight_decay, lam, per_layer
+        As in :class:`AMAdamW` (``beta1`` is :math:`\beta_{1,\max}`).
+    variant, beta_min, theta, beta_high, beta_low, maximize
+        As in :class:`AMAdamW`.
+    weight_decay_mode : {"decoupled", "proximal", "l2"}
+        ``"l2"`` is AM-Adam: ``weight_decay * x`` is added to the gradient and
+        the beta rule and update use no decay.
+
+    Returns
+    -------
+    betas, beta1_prods : list of Tensor
+        Per parameter, the 0-d beta applied and the updated product of its scope.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from amopt.torch import am_adamw
+    >>> x = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    >>> d, v = [torch.zeros_like(x)], [torch.zeros_like(x)]
+    >>> steps, prods = [torch.tensor(0.0)], [torch.tensor(1.0, dtype=torch.float64)]
+    >>> betas, prods = am_adamw([x], [2 * x], d, v, steps, prods, lr=0.1, weight_decay=0.0)
+    >>> float(betas[0]), float(prods[0])  # step 1: beta = beta1_max
+    (0.9, 0.9)
+    """
+    check_choice("weight_decay_mode", weight_decay_mode, WEIGHT_DECAY_MODES)
+    if foreach is None:
+        _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    func = _multi_tensor_am_adamw if foreach else _single_tensor_am_adamw
+    return func(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        state_steps,
+        beta1_prods,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        weight_decay_mode=weight_decay_mode,
+        lam=lam,
+        per_layer=per_layer,
+        variant=variant,
+        beta_min=beta_min,
+        theta=theta,
+        beta_high=beta_high,
+        beta_low=beta_low,
+        maximize=maximize,
+    )
+
+
+def _beta(num: Tensor, den: Tensor, ref: Tensor, beta1: float, variant_args: tuple) -> Tensor:
+    """Step 5 of section 3 (guard and clip), then the variant."""
+    return apply_variant(guarded_beta(num, den, ref, beta1), *variant_args)
+
+
+def _single_tensor_am_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    weight_decay_mode: str,
+    lam: float,
+    per_layer: bool,
+    variant: str | None,
+    beta_min: float,
+    theta: float,
+    beta_high: float,
+    beta_low: float,
+    maximize: bool,
+) -> tuple[list[Tensor], list[Tensor]]:
+    n = len(params)
+    if n == 0:
+        return [], []
+    variant_args = (variant, beta_min, theta, beta_high, beta_low)
+    wd = 0.0 if weight_decay_mode == "l2" else weight_decay
+
+    gs: list[Tensor] = []
+    for i, param in enumerate(params):
+        grad = grads[i] if not maximize else -grads[i]
+        if weight_decay_mode == "l2" and weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        grad = as_real(grad)
+        state_steps[i] += 1
+        # step 1: v = beta2 v + (1 - beta2) g^2
+        as_real(exp_avg_sqs[i]).mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        gs.append(grad)
+    ds = [as_real(t) for t in exp_avgs]
+    vs = [as_real(t) for t in exp_avg_sqs]
+    xs = [as_real(t) for t in params]
+    bias2 = bias_corrections(state_steps, beta2)
+
+    betas: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
+    prods: list[Tensor] = [gs[0]] * n
+    scopes = [[i] for i in range(n)] if per_layer else [list(range(n))]
+    for scope in scopes:
+        acc = accumulation_dtype(gs[i].dtype for i in scope)
+        prod = beta1_prods[scope[0]].to(acc)
+        c = 1.0 - beta1 * prod  # step 2: bias correction of the scope
+        ps: dict[int, Tensor] = {}
+        nums, dens, refs = [], [], []
+        for i in scope:
+            g, d, x = gs[i], ds[i], xs[i]
+            # step 3: p = c (eps + sqrt(v_hat))
+            p = (vs[i] / bias2[i]).sqrt_().add_(eps).mul_(c.to(device=g.device, dtype=g.dtype))
+            ps[i] = p
+            # step 4: the two reductions, in the accumulation dtype
+            g_, d_, x_, p_ = (t.to(acc) for t in (g, d, x, p))
+            u = 1.0 / (1.0 + lam * p_)
+            w = u / p_
+            v = d_ - g_
+            terms = g_ * g_ / p_ - lam * u * v * v
+            if wd != 0:
+                terms = (
+                    terms + wd * lr * g_ * d_ / p_ + wd * (2.0 + wd * lr) * g_ * x_ - wd * d_ * x_
+                )
+            nums.append(terms.sum())
+            dens.append((w * v * v).sum())
+            refs.append((w * d_ * d_).sum() + (w * g_ * g_).sum())
+        beta = _beta(total(nums), total(dens), total(refs), beta1, variant_args)  # step 5
+        new_prod = prod * beta  # step 8
+        for i in scope:
+            g, d, x, p = gs[i], ds[i], xs[i], ps[i]
+            lam_p = lam * p
+            coef = (beta.to(device=p.device, dtype=p.dtype) + lam_p) / (1.0 + lam_p)
+            d.sub_(g).mul_(coef).add_(g)  # step 6: d = g + coef * (d - g)
+            if weight_decay_mode == "proximal":  # step 7
+                x.addcdiv_(d, p, value=-lr)
+                if wd != 0:
+                    x.div_(1.0 + lr * wd)
+            else:
+                if wd != 0:
+                    x.mul_(1.0 - lr * wd)
+                x.addcdiv_(d, p, value=-lr)
+            betas[i] = beta
+            prods[i] = new_prod
+    return betas, prods
+
+
+def _multi_tensor_am_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    weight_decay_mode: str,
+    lam: float,
+    per_layer: bool,
+    variant: str | None,
+    beta_min: float,
+    theta: float,
+    beta_high: float,
+    beta_low: float,
+    maximize: bool,
+) -> tuple[list[Tensor], list[Tensor]]:
+    n = len(params)
+    if n == 0:
+        return [], []
+    variant_args = (variant, beta_min, theta, beta_high, beta_low)
+    wd = 0.0 if weight_decay_mode == "l2" else weight_decay
+    scope_acc = accumulation_dtype(real_dtype(p) for p in params)
+    scope_prod = beta1_prods[0].to(scope_acc)
+    grouped = Optimizer._group_tensors_by_device_and_dtype(
+        [params, grads, exp_avgs, exp_avg_sqs, state_steps],  # type: ignore[list-item]
+        with_indices=True,
+    )
+
+    # Phase 1, per (device, dtype) bucket: moments, preconditioner, reductions.
+    buckets = []
+    for (
+        dev_params_,
+        dev_grads_,
+        dev_exp_avgs_,
+        dev_exp_avg_sqs_,
+        dev_steps_,
+    ), indices in grouped.values():
+        dev_params = list(dev_params_)
+        if maximize:
+            dev_grads = list(torch._foreach_neg(dev_grads_))
+            if weight_decay_mode == "l2" and weight_decay != 0:
+                torch._foreach_add_(dev_grads, dev_params, alpha=weight_decay)
+        elif weight_decay_mode == "l2" and weight_decay != 0:
+            dev_grads = list(torch._foreach_add(dev_grads_, dev_params, alpha=weight_decay))
+        else:
+            dev_grads = list(dev_grads_)
+        dev_params = [as_real(t) for t in dev_params]
+        dev_grads = [as_real(t) for t in dev_grads]
+        dev_d = [as_real(t) for t in dev_exp_avgs_]
+        dev_v = [as_real(t) for t in dev_exp_avg_sqs_]
+        dev_steps = list(dev_steps_)
+        device, dtype = dev_grads[0].device, dev_grads[0].dtype
+
+        torch._foreach_add_(dev_steps, torch.tensor(1.0), alpha=1.0)
+        torch._foreach_mul_(dev_v, beta2)  # step 1
+        torch._foreach_addcmul_(dev_v, dev_grads, dev_grads, 1 - beta2)
+
+        acc = accumulation_dtype([dtype]) if per_layer else scope_acc
+        if per_layer:
+            prods = torch.stack([beta1_prods[k].to(device) for k in indices]).to(acc)
+            c = 1.0 - beta1 * prods  # step 2, one per tensor
+            c_cast: Tensor | list[Tensor] = list(c.to(dtype).unbind())
+        else:
+            prods = scope_prod
+            c = 1.0 - beta1 * prods
+            c_cast = c.to(device=device, dtype=dtype, non_blocking=True)
+        p = torch._foreach_div(dev_v, bias_corrections(dev_steps, beta2))  # step 3
+        torch._foreach_sqrt_(p)
+        torch._foreach_add_(p, eps)
+        torch._foreach_mul_(p, c_cast)
+
+        # step 4, in the accumulation dtype
+        g_, d_, x_, p_ = (cast(t, acc) for t in (dev_grads, dev_d, dev_params, p))
+        u = torch._foreach_mul(p_, lam)
+        torch._foreach_add_(u, 1.0)
+        torch._foreach_reciprocal_(u)  # u = 1 / (1 + lam p)
+        w = torch._foreach_div(u, p_)
+        v = torch._foreach_sub(d_, g_)
+        terms = torch._foreach_mul(g_, g_)
+        torch._foreach_div_(terms, p_)  # g^2 / p
+        lam_u_vv = torch._foreach_mul(u, lam)
+        torch._foreach_mul_(lam_u_vv, v)
+        torch._foreach_mul_(lam_u_vv, v)
+        torch._foreach_sub_(terms, lam_u_vv)
+        del lam_u_vv, u
+        if wd != 0:
+            a = torch._foreach_mul(g_, wd * lr)
+            torch._foreach_mul_(a, d_)
+            torch._foreach_div_(a, p_)
+            torch._foreach_add_(terms, a)
+            b = torch._foreach_mul(g_, wd * (2.0 + wd * lr))
+            torch._foreach_mul_(b, x_)
+            torch._foreach_add_(terms, b)
+            e = torch._foreach_mul(d_, wd)
+            torch._foreach_mul_(e, x_)
+            torch._foreach_sub_(terms, e)
+            del a, b, e
+        nums = foreach_sum(terms)
+        del terms
+        wvv = torch._foreach_mul(w, v)
+        torch._foreach_mul_(wvv, v)  # w (d-g)^2
+        dens = foreach_abssum(wvv)
+        wdd = torch._foreach_mul(w, d_)
+        torch._foreach_mul_(wdd, d_)
+        wgg = torch._foreach_mul(w, g_)
+        torch._foreach_mul_(wgg, g_)
+        refs = list(torch._foreach_add(foreach_abssum(wdd), foreach_abssum(wgg)))
+        del v, w, wvv, wdd, wgg, g_, d_, x_, p_
+        buckets.append((dev_params, dev_grads, dev_d, p, indices, prods, nums, dens, refs))
+
+    # Step 5 (and 8): beta per tensor (vectorised per bucket) or one over all buckets.
+    betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
+    new_prods: list[Tensor] = [params[0]] * n
+    coefs: list[Tensor | list[Tensor]] = []
+    if per_layer:
+        for _, dev_grads, _, _, indices, prods, nums, dens, refs in buckets:
+            beta = _beta(
+                torch.stack(nums), torch.stack(dens), torch.stack(refs), beta1, variant_args
+            )
+            prod = prods * beta
+            for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
+                betas[k] = b
+                new_prods[k] = pr
+            coefs.append(list(beta.to(dev_grads[0].dtype).unbind()))
+    else:
+        beta = _beta(
+            total([t for b in buckets for t in b[6]]),
+            total([t for b in buckets for t in b[7]]),
+            total([t for b in buckets for t in b[8]]),
+            beta1,
+            variant_args,
+        )
+        betas = [beta] * n
+        new_prods = [scope_prod * beta] * n
+        coefs = [
+            beta.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True) for b in buckets
+        ]
+
+    # Phase 2: steps 6 and 7.
+    for (dev_params, dev_grads, dev_d, p, *_), b in zip(buckets, coefs, strict=True):
+        lam_p = torch._foreach_mul(p, lam)
+        coef = torch._foreach_add(lam_p, b)
+        torch._foreach_add_(lam_p, 1.0)
+        torch._foreach_div_(coef, lam_p)  # (beta + lam p) / (1 + lam p)
+        del lam_p
+        torch._foreach_sub_(dev_d, dev_grads)
+        torch._foreach_mul_(dev_d, coef)
+        torch._foreach_add_(dev_d, dev_grads)
+        if weight_decay_mode == "proximal":
+            torch._foreach_addcdiv_(dev_params, dev_d, p, value=-lr)
+            if wd != 0:
+                torch._foreach_div_(dev_params, 1.0 + lr * wd)
+        else:
+            if wd != 0:
+                torch._foreach_mul_(dev_params, 1.0 - lr * wd)
+            torch._foreach_addcdiv_(dev_params, dev_d, p, value=-lr)
+    return betas, new_prods

@@ -1,0 +1,581 @@
+r"""``AMSGD``: SGD with Adaptive Memory momentum (the paper's AM-MSGD) for ``torch.optim``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_foreach
+
+from amopt.torch._common import (
+    AMOptimizerBase,
+    accumulation_dtype,
+    apply_variant,
+    as_real,
+    check_flag,
+    check_nonnegative,
+    check_unit_interval,
+    check_variant_options,
+    dot,
+    foreach_sqsum,
+    guarded_beta,
+    new_step,
+    real_dtype,
+    total,
+)
+
+__all__ = ["AMSGD", "amsgd"]
+
+_DEFAULTS: dict[str, Any] = {
+    "lam": 0.1,
+    "beta_max": 0.9,
+    "weight_decay": 0.0,
+    "per_layer": False,
+    "variant": None,
+    "beta_min": 0.5,
+    "theta": 0.7,
+    "beta_high": 0.9,
+    "beta_low": 0.1,
+    "maximize": False,
+    "foreach": None,
+}
+
+
+def _validate(group: dict[str, Any]) -> None:
+    check_nonnegative("lr", group["lr"])
+    check_nonnegative("lam", group["lam"])
+    check_unit_interval("beta_max", group["beta_max"])
+    check_nonnegative("weight_decay", group["weight_decay"])
+    check_flag("per_layer", group["per_layer"])
+    check_variant_options(group)
+    check_flag("maximize", group["maximize"])
+    check_flag("foreach", group["foreach"], allow_none=True)
+
+
+class AMSGD(AMOptimizerBase):
+    r"""SGD with Adaptive Memory momentum (AM-MSGD, Topollai & Choromanska, AISTATS 2026).
+
+    The momentum coefficient :math:`\beta_t` is not fixed: it is computed in
+    closed form at every step from a two-plane proximal model of the loss
+    (``docs/algorithms.md``, section 2, linearised numerator):
+
+    .. math::
+
+        g_t &\leftarrow \nabla f_t(x_t) + \mu x_t
+              \quad(\text{negated first when } \textit{maximize}), \qquad
+              d_0 = g_0, \\
+        v_t &= d_t - g_t, \qquad
+        \beta_t = \operatorname{clip}\Big(
+            \frac{(1+\lambda)\langle g_t, g_t\rangle - \lambda \langle v_t, v_t\rangle}
+                 {\langle v_t, v_t\rangle}, 0, \beta_{\max}\Big), \\
+        d_{t+1} &= g_t + \frac{\beta_t + \lambda}{1 + \lambda}\, v_t, \qquad
+        x_{t+1} = x_t - \eta\, d_{t+1},
+
+    with :math:`\beta_t = 0` whenever :math:`\langle v,v\rangle \le \epsilon^2
+    (\langle d,d\rangle + \langle g,g\rangle)` (:math:`\epsilon` the machine
+    epsilon of the accumulation dtype), which makes step 0 a plain gradient
+    step. Inner products run over the *beta scope*: every parameter of the param
+    group with a gradient (``per_layer=False``, the default, as in the paper's
+    vision runs) or each parameter tensor on its own (``per_layer=True``).
+
+    Parameters
+    ----------
+    params : iterable
+        Parameters or dicts defining parameter groups (any hyper-parameter
+        below can be set per group).
+    lr : float
+        Learning rate :math:`\eta \ge 0`.
+    lam : float, default 0.1
+        Proximal regularisation :math:`\lambda \ge 0`; with :math:`\lambda > 0`
+        the coefficient applied to :math:`d` is at least :math:`\lambda/(1+\lambda)`.
+    beta_max : float, default 0.9
+        Upper clipping bound :math:`\beta_{\max} \in [0, 1]` (the paper uses
+        :math:`0.9 - 0.1\lambda`). Also available in each param group as
+        ``"momentum"``, see *Schedulers* below.
+    weight_decay : float, default 0
+        Coupled L2 weight decay :math:`\mu \ge 0` (as in ``torch.optim.SGD``).
+    per_layer : bool, default False
+        One beta per parameter tensor instead of one per param group.
+    variant : {None, "clip", "restart"}, default None
+        Section 4 of the paper: ``"clip"`` uses :math:`\max(\beta, \beta_{\min})`,
+        ``"restart"`` uses ``beta_high`` if :math:`\beta \ge \theta` else ``beta_low``.
+    beta_min, theta, beta_high, beta_low : float
+        Parameters of the variants, each in :math:`[0, 1]` (defaults 0.5, 0.7, 0.9, 0.1).
+    maximize : bool, default False
+        Maximise the objective instead of minimising it.
+    foreach : bool or None, default None
+        Use the multi-tensor (``torch._foreach_*``) implementation. ``None``
+        picks it when every parameter is on a device with foreach kernels
+        (CUDA), as ``torch.optim`` does. Both give the same iterates.
+
+    Notes
+    -----
+    **State.** Per parameter: ``step`` (a CPU counter, as in ``torch.optim.Adam``),
+    ``momentum_buffer`` (:math:`d`) and ``beta`` (the 0-d beta last applied, in the
+    accumulation dtype: float32 for half-precision and float32 parameters,
+    float64 when the scope holds a float64 tensor). ``state_dict()`` holds all of
+    it, so saving and loading mid-run continues bit-identically.
+
+    **Telemetry.** After ``step()``, :meth:`latest_betas` returns the betas of
+    every group and parameter as device tensors, without synchronising.
+
+    **No host synchronisation.** ``step()`` never reads a device value on the
+    host: beta stays a device tensor and the guard, clip and variants are
+    ``torch.where`` / ``torch.clamp`` expressions.
+
+    **Schedulers.** Every ``torch.optim.lr_scheduler`` drives ``lr``. With
+    ``cycle_momentum=True``, ``CyclicLR`` and ``OneCycleLR`` cycle the *cap*
+    :math:`\beta_{\max}`: torch's schedulers write the param-group key
+    ``"momentum"``, which ``AMSGD`` keeps as an alias of ``"beta_max"``. Assign
+    either key between steps; at the next step the one that changed is applied
+    and copied into the other (changing both to different values raises
+    ``ValueError``). The adaptive :math:`\beta_t` itself is never overwritten.
+
+    Complex parameters are optimised as their real views (as in ``torch.optim``);
+    sparse gradients raise ``RuntimeError``; parameters whose ``grad`` is
+    ``None`` are skipped and take no part in the beta of their group.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from amopt.torch import AMSGD
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Linear(3, 1)
+    >>> opt = AMSGD(model.parameters(), lr=0.1, lam=0.1, beta_max=0.9)
+    >>> x, y = torch.randn(16, 3), torch.randn(16, 1)
+    >>> for _ in range(5):
+    ...     opt.zero_grad()
+    ...     loss = torch.nn.functional.mse_loss(model(x), y)
+    ...     loss.backward()
+    ...     opt.step()
+    >>> beta = opt.latest_betas()[0][0]  # the group's beta of the last step
+    >>> bool(0.0 <= beta <= 0.9)
+    True
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float,
+        lam: float = 0.1,
+        beta_max: float = 0.9,
+        weight_decay: float = 0.0,
+        per_layer: bool = False,
+        variant: str | None = None,
+        beta_min: float = 0.5,
+        theta: float = 0.7,
+        beta_high: float = 0.9,
+        beta_low: float = 0.1,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+    ) -> None:
+        defaults: dict[str, Any] = {
+            "lr": lr,
+            "lam": lam,
+            "beta_max": beta_max,
+            "momentum": beta_max,
+            "weight_decay": weight_decay,
+            "per_layer": per_layer,
+            "variant": variant,
+            "beta_min": beta_min,
+            "theta": theta,
+            "beta_high": beta_high,
+            "beta_low": beta_low,
+            "maximize": maximize,
+            "foreach": foreach,
+        }
+        _validate(defaults)
+        super().__init__(params, defaults)
+
+    # ------------------------------------------------------------------ groups, state
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a param group; ``"beta_max"`` and its alias ``"momentum"`` may be given."""
+        has_cap, has_alias = "beta_max" in param_group, "momentum" in param_group
+        if has_cap and has_alias and param_group["beta_max"] != param_group["momentum"]:
+            raise ValueError(
+                "param group sets both 'beta_max' and its alias 'momentum' to different "
+                f"values ({param_group['beta_max']!r} and {param_group['momentum']!r})"
+            )
+        if has_cap or has_alias:
+            cap = param_group["beta_max"] if has_cap else param_group["momentum"]
+            param_group["beta_max"] = param_group["momentum"] = cap
+        merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        _validate(merged)
+        super().add_param_group(param_group)
+        applied = self.__dict__.setdefault("_beta_max_applied", [])
+        applied.append(self.param_groups[-1]["beta_max"])
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in _DEFAULTS.items():
+                group.setdefault(key, value)
+            group.setdefault("momentum", group["beta_max"])
+        self._beta_max_applied = [g["beta_max"] for g in self.param_groups]
+        self._backfill_steps()
+
+    def _resolve_beta_max(self, index: int, group: dict[str, Any]) -> float:
+        """The cap for this step, reconciling ``"beta_max"`` with its alias ``"momentum"``."""
+        applied_list = self.__dict__.setdefault("_beta_max_applied", [])
+        while len(applied_list) < len(self.param_groups):
+            applied_list.append(None)
+        applied = applied_list[index]
+        cap, alias = group["beta_max"], group.setdefault("momentum", group["beta_max"])
+        if cap != alias:
+            if applied is None or cap == applied:
+                cap = alias  # "momentum" was assigned, e.g. by CyclicLR / OneCycleLR
+            elif alias != applied:
+                raise ValueError(
+                    f"param group {index}: 'beta_max' ({cap!r}) and its alias 'momentum' "
+                    f"({alias!r}) were both changed since the last step; set only one of them"
+                )
+            check_unit_interval("beta_max", cap)
+            group["beta_max"] = group["momentum"] = cap
+        applied_list[index] = cap
+        return cap
+
+    def _init_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        momentum_buffer_list: list[Tensor | None],
+        state_steps: list[Tensor],
+    ) -> None:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(
+                    "AMSGD does not support sparse gradients: the beta rule needs dense "
+                    "inner products of the gradient and the momentum buffer"
+                )
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = new_step()
+            params.append(p)
+            grads.append(p.grad)
+            momentum_buffer_list.append(state.get("momentum_buffer"))
+            state_steps.append(state["step"])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Perform one optimisation step.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss; it is called under
+            ``torch.enable_grad()``.
+
+        Returns
+        -------
+        The closure's loss, or ``None``.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        # reconcile every cap first, so that an invalid one fails before any group steps
+        caps = [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
+        for group, beta_max in zip(self.param_groups, caps, strict=True):
+            params: list[Tensor] = []
+            grads: list[Tensor] = []
+            momentum_buffer_list: list[Tensor | None] = []
+            state_steps: list[Tensor] = []
+            self._init_group(group, params, grads, momentum_buffer_list, state_steps)
+            if not params:
+                continue
+
+            betas = amsgd(
+                params,
+                grads,
+                momentum_buffer_list,
+                state_steps,
+                foreach=group["foreach"],
+                lr=group["lr"],
+                lam=group["lam"],
+                beta_max=beta_max,
+                weight_decay=group["weight_decay"],
+                per_layer=group["per_layer"],
+                variant=group["variant"],
+                beta_min=group["beta_min"],
+                theta=group["theta"],
+                beta_high=group["beta_high"],
+                beta_low=group["beta_low"],
+                maximize=group["maximize"],
+            )
+
+            for p, buf, beta in zip(params, momentum_buffer_list, betas, strict=True):
+                state = self.state[p]
+                state["momentum_buffer"] = buf
+                state["beta"] = beta
+            if not group["per_layer"]:
+                # the group's beta is group-level state: keep it on every stepped member
+                for p in group["params"]:
+                    state = self.state.get(p)
+                    if state:
+                        state["beta"] = betas[0]
+        return loss
+
+
+# --------------------------------------------------------------------------- functional
+
+
+def amsgd(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    foreach: bool | None = None,
+    *,
+    lr: float,
+    lam: float = 0.1,
+    beta_max: float = 0.9,
+    weight_decay: float = 0.0,
+    per_layer: bool = False,
+    variant: str | None = None,
+    beta_min: float = 0.5,
+    theta: float = 0.7,
+    beta_high: float = 0.9,
+    beta_low: float = 0.1,
+    maximize: bool = False,
+) -> list[Tensor]:
+    r"""Functional AMSGD: one step over ``params`` in place. See :class:`AMSGD`.
+
+    All tensors given form one param group: with ``per_layer=False`` they share a
+    single beta.
+
+    Parameters
+    ----------
+    params, grads : list of Tensor
+        Parameters (updated in place) and their dense gradients.
+    momentum_buffer_list : list of Tensor or None
+        Momentum buffers :math:`d`, updated in place; a ``None`` entry is
+        replaced by a new buffer equal to the gradient (the first step).
+    state_steps : list of Tensor
+        0-d step counters, incremented in place.
+    foreach : bool or None
+        Multi-tensor implementation; ``None`` chooses as ``torch.optim`` does.
+    lr, lam, beta_max, weight_decay, per_layer
+        As in :class:`AMSGD`.
+    variant, beta_min, theta, beta_high, beta_low, maximize
+        As in :class:`AMSGD`.
+
+    Returns
+    -------
+    list of Tensor
+        The 0-d beta applied to each parameter (the same tensor for all
+        parameters when ``per_layer=False``), in the accumulation dtype.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from amopt.torch import amsgd
+    >>> x = torch.tensor([3.0, 1.0], dtype=torch.float64)
+    >>> curvature = torch.tensor([1.0, 10.0], dtype=torch.float64)  # f = sum(c x^2) / 2
+    >>> bufs, steps = [None], [torch.tensor(0.0)]
+    >>> for _ in range(3):
+    ...     betas = amsgd([x], [curvature * x], bufs, steps, lr=0.1, lam=0.1, beta_max=0.9)
+    >>> float(betas[0]), [round(v, 6) for v in x.tolist()]
+    (0.9, [2.157273, -0.165289])
+    """
+    if foreach is None:
+        _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
+    return func(
+        params,
+        grads,
+        momentum_buffer_list,
+        state_steps,
+        lr=lr,
+        lam=lam,
+        beta_max=beta_max,
+        weight_decay=weight_decay,
+        per_layer=per_layer,
+        variant=variant,
+        beta_min=beta_min,
+        theta=theta,
+        beta_high=beta_high,
+        beta_low=beta_low,
+        maximize=maximize,
+    )
+
+
+def _beta_and_gamma(
+    gg: Tensor, dd: Tensor, vv: Tensor, *, lam: float, beta_max: float, variant_args: tuple
+) -> tuple[Tensor, Tensor]:
+    """Steps 3-5 of section 2 on reduced inner products: beta and ``(beta+lam)/(1+lam)``."""
+    num = (1.0 + lam) * gg - lam * vv
+    beta = guarded_beta(num, vv, dd + gg, beta_max)
+    beta = apply_variant(beta, *variant_args)
+    return beta, (beta + lam) / (1.0 + lam)
+
+
+def _single_tensor_amsgd(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    *,
+    lr: float,
+    lam: float,
+    beta_max: float,
+    weight_decay: float,
+    per_layer: bool,
+    variant: str | None,
+    beta_min: float,
+    theta: float,
+    beta_high: float,
+    beta_low: float,
+    maximize: bool,
+) -> list[Tensor]:
+    n = len(params)
+    if n == 0:
+        return []
+    variant_args = (variant, beta_min, theta, beta_high, beta_low)
+
+    gs: list[Tensor] = []
+    ds: list[Tensor] = []
+    xs: list[Tensor] = []
+    for i, param in enumerate(params):
+        grad = grads[i] if not maximize else -grads[i]
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        buf = momentum_buffer_list[i]
+        if buf is None:  # step 0: d = g
+            buf = torch.clone(grad).detach()
+            momentum_buffer_list[i] = buf
+        state_steps[i] += 1
+        gs.append(as_real(grad))
+        ds.append(as_real(buf))
+        xs.append(as_real(param))
+
+    betas: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
+    scopes = [[i] for i in range(n)] if per_layer else [list(range(n))]
+    for scope in scopes:
+        acc = accumulation_dtype(gs[i].dtype for i in scope)
+        gg_parts, dd_parts, vv_parts = [], [], []
+        for i in scope:
+            g, d = gs[i], ds[i]
+            gg_parts.append(dot(g, g, acc))
+            dd_parts.append(dot(d, d, acc))
+            d.sub_(g)  # the buffer now holds v = d - g
+            vv_parts.append(dot(d, d, acc))
+        beta, gamma = _beta_and_gamma(
+            total(gg_parts),
+            total(dd_parts),
+            total(vv_parts),
+            lam=lam,
+            beta_max=beta_max,
+            variant_args=variant_args,
+        )
+        for i in scope:
+            d = ds[i]
+            # d = g + gamma * (d - g): exact when d = g
+            d.mul_(gamma.to(device=d.device, dtype=d.dtype)).add_(gs[i])
+            xs[i].add_(d, alpha=-lr)
+            betas[i] = beta
+    return betas
+
+
+def _multi_tensor_amsgd(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    *,
+    lr: float,
+    lam: float,
+    beta_max: float,
+    weight_decay: float,
+    per_layer: bool,
+    variant: str | None,
+    beta_min: float,
+    theta: float,
+    beta_high: float,
+    beta_low: float,
+    maximize: bool,
+) -> list[Tensor]:
+    n = len(params)
+    if n == 0:
+        return []
+    variant_args = (variant, beta_min, theta, beta_high, beta_low)
+    scope_acc = accumulation_dtype(real_dtype(p) for p in params)
+    grouped = Optimizer._group_tensors_by_device_and_dtype(
+        [params, grads, momentum_buffer_list, state_steps],  # type: ignore[list-item]
+        with_indices=True,
+    )
+
+    # Phase 1, per (device, dtype) bucket: g, d = g on the first step, v = d - g, reductions.
+    buckets = []
+    for (dev_params_, dev_grads_, dev_bufs_, dev_steps_), indices in grouped.values():
+        dev_params = list(dev_params_)
+        dev_bufs = list(dev_bufs_)
+        if maximize:
+            dev_grads = list(torch._foreach_neg(dev_grads_))
+            if weight_decay != 0:
+                torch._foreach_add_(dev_grads, dev_params, alpha=weight_decay)
+        elif weight_decay != 0:
+            dev_grads = list(torch._foreach_add(dev_grads_, dev_params, alpha=weight_decay))
+        else:
+            dev_grads = list(dev_grads_)
+        for k, buf in enumerate(dev_bufs):
+            if buf is None:
+                buf = torch.clone(dev_grads[k]).detach()
+                dev_bufs[k] = momentum_buffer_list[indices[k]] = buf
+        torch._foreach_add_(list(dev_steps_), torch.tensor(1.0), alpha=1.0)
+
+        dev_params = [as_real(t) for t in dev_params]
+        dev_grads = [as_real(t) for t in dev_grads]
+        dev_bufs = [as_real(t) for t in dev_bufs]
+        acc = accumulation_dtype([dev_grads[0].dtype]) if per_layer else scope_acc
+        gg = foreach_sqsum(dev_grads, acc)
+        dd = foreach_sqsum(dev_bufs, acc)
+        torch._foreach_sub_(dev_bufs, dev_grads)  # the buffers now hold v = d - g
+        vv = foreach_sqsum(dev_bufs, acc)
+        buckets.append((dev_params, dev_grads, dev_bufs, indices, gg, dd, vv))
+
+    # Beta: one per tensor (vectorised per bucket) or one over all buckets.
+    betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
+    if per_layer:
+        coefs = []
+        for _, dev_grads, _, indices, gg, dd, vv in buckets:
+            beta, gamma = _beta_and_gamma(
+                torch.stack(gg),
+                torch.stack(dd),
+                torch.stack(vv),
+                lam=lam,
+                beta_max=beta_max,
+                variant_args=variant_args,
+            )
+            for k, b in zip(indices, beta.unbind(), strict=True):
+                betas[k] = b
+            coefs.append(list(gamma.to(dev_grads[0].dtype).unbind()))
+    else:
+        beta, gamma = _beta_and_gamma(
+            total([t for b in buckets for t in b[4]]),
+            total([t for b in buckets for t in b[5]]),
+            total([t for b in buckets for t in b[6]]),
+            lam=lam,
+            beta_max=beta_max,
+            variant_args=variant_args,
+        )
+        betas = [beta] * n
+        coefs = [
+            gamma.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True)
+            for b in buckets
+        ]
+
+    # Phase 2: d = g + gamma * v, x -= lr * d.
+    for (dev_params, dev_grads, dev_bufs, *_), coef in zip(buckets, coefs, strict=True):
+        torch._foreach_mul_(dev_bufs, coef)
+        torch._foreach_add_(dev_bufs, dev_grads)
+        torch._foreach_add_(dev_params, dev_bufs, alpha=-lr)
+    return betas
