@@ -178,6 +178,8 @@ def _am_beta(xp, gs, ds, lam, beta_max, lr, f_decrease):
         vg = _scope_sum(xp, [(v, g) for v, g in zip(vs, gs, strict=True)], acc)
         vd = _scope_sum(xp, [(v, d) for v, d in zip(vs, ds, strict=True)], acc)
         num = f_decrease * (1.0 + lam) / lr - (vg + lam * vd)
+        if num.dtype != acc:  # a float64 f_decrease must not promote a float32 scope
+            num = xp.astype(num, acc)
     return _guarded_ratio(xp, num, den, dd + gg, beta_max, acc)
 
 
@@ -595,6 +597,8 @@ def _am_adam_beta(xp, gs, ds, xs, ps, lr, lam, beta_max, wd, f_decrease):
         ref = r_k if ref is None else ref + r_k
     if f_decrease is not None:
         num = num + (1.0 + wd * lr) * f_decrease / lr
+        if num.dtype != acc:
+            num = xp.astype(num, acc)
     return _guarded_ratio(xp, num, den, ref, beta_max, acc)
 
 
