@@ -279,8 +279,8 @@ def _run(
     step,
     maxiter,
     gtol,
-    stochastic,
     is_am,
+    stochastic=False,
     batch_size=None,
     seed=None,
     replace=False,
@@ -433,18 +433,7 @@ def _minimize_gd(
     def step(xs, gs, f, state):
         return _core.gd_step(xs, gs, lr=lr, weight_decay=wd), None, None
 
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        stochastic=False,
-        is_am=False,
-    )
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, gtol=gtol, is_am=False)
 
 
 def _heavy_ball(lr, beta, wd):
@@ -495,18 +484,7 @@ def _minimize_mgd(
         check_interval("beta", beta, 0.0, 1.0),
         check_nonnegative("weight_decay", weight_decay),
     )
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        stochastic=False,
-        is_am=False,
-    )
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, gtol=gtol, is_am=False)
 
 
 def _am_momentum(lr, beta_max, wd, am):
@@ -596,25 +574,28 @@ def _minimize_am_mgd(
         check_nonnegative("weight_decay", weight_decay),
         am,
     )
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        stochastic=False,
-        is_am=True,
-    )
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, gtol=gtol, is_am=True)
 
 
-def _sgd_batch_size(fun, batch_size):
-    """The sgd-type methods always sample a FiniteSum; 32 unless told otherwise."""
-    if isinstance(fun, FiniteSum):
-        return 32 if batch_size is None else batch_size
-    return batch_size
+def _sampling(fun, batch_size, seed, replace, gtol, *, always: bool) -> dict:
+    """Mini-batch settings for ``_run``.
+
+    The sgd-type methods (``always``) sample any FiniteSum, 32 per batch unless
+    told otherwise; the Adam family samples only when given ``batch_size``.
+    Mini-batch runs default to ``gtol=0``, full-batch runs to ``1e-5``.
+    """
+    if always and batch_size is None and isinstance(fun, FiniteSum):
+        batch_size = 32
+    stochastic = always or batch_size is not None
+    if gtol is None:
+        gtol = 0.0 if stochastic else 1e-5
+    return {
+        "batch_size": batch_size,
+        "seed": seed,
+        "replace": replace,
+        "gtol": gtol,
+        "stochastic": stochastic,
+    }
 
 
 def _minimize_sgd(
@@ -665,21 +646,8 @@ def _minimize_sgd(
     def step(xs, gs, f, state):
         return _core.gd_step(xs, gs, lr=lr, weight_decay=wd), None, None
 
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        stochastic=True,
-        is_am=False,
-        batch_size=_sgd_batch_size(fun, batch_size),
-        seed=seed,
-        replace=replace,
-    )
+    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=False, **sampling)
 
 
 def _minimize_msgd(
@@ -714,21 +682,8 @@ def _minimize_msgd(
         check_interval("beta", beta, 0.0, 1.0),
         check_nonnegative("weight_decay", weight_decay),
     )
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        stochastic=True,
-        is_am=False,
-        batch_size=_sgd_batch_size(fun, batch_size),
-        seed=seed,
-        replace=replace,
-    )
+    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=False, **sampling)
 
 
 def _minimize_am_sgd(
@@ -794,21 +749,8 @@ def _minimize_am_sgd(
         check_nonnegative("weight_decay", weight_decay),
         am,
     )
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        stochastic=True,
-        is_am=True,
-        batch_size=_sgd_batch_size(fun, batch_size),
-        seed=seed,
-        replace=replace,
-    )
+    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=True, **sampling)
 
 
 def _adam_family(
@@ -841,22 +783,8 @@ def _adam_family(
         )
         return xs, state, None
 
-    stochastic = batch_size is not None
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=(0.0 if stochastic else 1e-5) if gtol is None else gtol,
-        stochastic=stochastic,
-        is_am=False,
-        batch_size=batch_size,
-        seed=seed,
-        replace=replace,
-    )
+    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=False)
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=False, **sampling)
 
 
 def _minimize_adam(
@@ -1012,22 +940,8 @@ def _am_adam_family(
             **am,
         )
 
-    stochastic = batch_size is not None
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=(0.0 if stochastic else 1e-5) if gtol is None else gtol,
-        stochastic=stochastic,
-        is_am=True,
-        batch_size=batch_size,
-        seed=seed,
-        replace=replace,
-    )
+    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=False)
+    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=True, **sampling)
 
 
 def _minimize_am_adam(
