@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from amopt import _numpy_fast
 from amopt.backends import accumulation_dtype, array_namespace, tiny
 
 __all__ = [
@@ -405,13 +406,37 @@ def am_momentum_step(
     """
     xs, single = _as_tuple(params)
     gs, _ = _as_tuple(grads)
-    xp = array_namespace(*xs, *gs)
-    gs = _couple(xp, gs, xs, weight_decay)
-    ds = gs if state.d is None else state.d
     f_decrease = None
     if numerator == "exact" and f is not None and state.f_prev is not None:
         f_decrease = state.f_prev - f
 
+    if _numpy_fast.eligible(xs, gs, () if state.d is None else state.d):
+        # Plain NumPy arrays: the same rule with fewer passes over memory and no array-API
+        # dispatch (see amopt._numpy_fast); no caller array is modified there either.
+        if weight_decay != 0:
+            gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
+        ds = gs if state.d is None else state.d
+        new_x, new_ds, betas = _numpy_fast.am_momentum_step_numpy(
+            xs,
+            gs,
+            ds,
+            per_layer,
+            lr=lr,
+            lam=lam,
+            beta_max=beta_max,
+            f_decrease=f_decrease,
+            variant=variant,
+            beta_min=beta_min,
+            theta=theta,
+            beta_high=beta_high,
+            beta_low=beta_low,
+        )
+        new_state = AMState(step=state.step + 1, d=new_ds, f_prev=f)
+        return _restore(new_x, single), new_state, (tuple(betas) if per_layer else betas[0])
+
+    xp = array_namespace(*xs, *gs)
+    gs = _couple(xp, gs, xs, weight_decay)
+    ds = gs if state.d is None else state.d
     new_d: list[Array] = list(ds)
     betas = []
     for scope in _scopes(len(xs), per_layer):

@@ -9,10 +9,11 @@ import array_api_compat
 import array_api_compat.numpy as npx
 import numpy as np
 import pytest
-from _objectives import Logistic, Quadratic, logreg_data, quadratic_data
 
 import amopt
 from amopt.backends import Backend, to_numpy
+
+from _objectives import Logistic, Quadratic, logreg_data, quadratic_data
 
 CASES = [
     ("am-mgd", {"numerator": "exact"}),

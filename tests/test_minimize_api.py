@@ -7,11 +7,12 @@ import array_api_compat.numpy as npx
 import numpy as np
 import pytest
 import scipy.optimize
-from _objectives import Logistic, logreg_data
-from oracle import run_am_mgd
 from scipy.optimize import OptimizeWarning
 
 import amopt
+
+from _objectives import Logistic, logreg_data
+from oracle import run_am_mgd
 
 A = np.diag([1.0, 4.0, 10.0])
 B = np.array([1.0, -2.0, 0.5])

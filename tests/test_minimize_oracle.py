@@ -11,10 +11,11 @@ import itertools
 import array_api_compat.numpy as npx
 import numpy as np
 import pytest
-from _objectives import Logistic, Quadratic, logreg_data, quadratic_data
-from oracle import run_adam, run_am_adam, run_am_mgd, run_gd, run_mgd
 
 import amopt
+
+from _objectives import Logistic, Quadratic, logreg_data, quadratic_data
+from oracle import run_adam, run_am_adam, run_am_mgd, run_gd, run_mgd
 
 N_STEPS = 40
 RTOL = 1e-12

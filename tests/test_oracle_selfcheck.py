@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from oracle import (
     am_beta,
     run_adam,

@@ -16,7 +16,10 @@ amsgd, am_adamw
     The functional forms, as ``torch.optim.sgd`` / ``torch.optim.adam`` provide.
 
 Every optimizer exposes :meth:`~AMSGD.latest_betas` (the betas of the last step
-as device tensors, cheap enough to log every step). Requires the ``torch``
+as device tensors, cheap enough to log every step). ``fused=True`` selects fused
+CPU kernels (two passes over memory per step, compiled with the system C
+compiler on first use; see ``amopt.torch._fused``), with a fallback to the
+foreach implementation where they do not apply. Requires the ``torch``
 extra: ``pip install amopt[torch]``.
 """
 

@@ -29,6 +29,7 @@ from amopt.torch._common import (
     real_dtype,
     total,
 )
+from amopt.torch._fused import fused_am_adamw, warn_fallback
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
@@ -47,6 +48,7 @@ _DEFAULTS: dict[str, Any] = {
     "beta_low": 0.1,
     "maximize": False,
     "foreach": None,
+    "fused": None,
 }
 
 
@@ -66,6 +68,9 @@ def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
     check_variant_options(group)
     check_flag("maximize", group["maximize"])
     check_flag("foreach", group["foreach"], allow_none=True)
+    check_flag("fused", group["fused"], allow_none=True)
+    if group["fused"] and group["foreach"]:
+        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
 
 
 class AMAdamW(AMOptimizerBase):
@@ -126,6 +131,18 @@ class AMAdamW(AMOptimizerBase):
         Maximise the objective.
     foreach : bool or None, default None
         Multi-tensor implementation (``None``: as ``torch.optim`` chooses).
+    fused : bool or None, default None
+        Fused CPU kernels: two passes over memory per step (one reduction pass,
+        one update pass) instead of the many passes of the foreach path, and no
+        temporary full-size buffers. They are compiled with the system C
+        compiler on first use and cached (see ``amopt.torch._fused``). Groups
+        the kernels do not handle (non-CPU tensors, dtypes other than
+        float32/float64, non-contiguous tensors), or a machine without a C
+        compiler, use the foreach implementation with a
+        ``FusedFallbackWarning``. Same iterates as the single-tensor
+        implementation up to float rounding (blocked reductions, see
+        ``amopt.torch._fused_src``).
+        ``None`` means ``False``. Cannot be combined with ``foreach=True``.
 
     Notes
     -----
@@ -188,6 +205,7 @@ class AMAdamW(AMOptimizerBase):
         *,
         maximize: bool = False,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ) -> None:
         defaults: dict[str, Any] = {
             "lr": lr,
@@ -204,6 +222,7 @@ class AMAdamW(AMOptimizerBase):
             "beta_low": beta_low,
             "maximize": maximize,
             "foreach": foreach,
+            "fused": fused,
         }
         _validate(defaults, self._weight_decay_modes)
         super().__init__(params, defaults)
@@ -309,6 +328,7 @@ class AMAdamW(AMOptimizerBase):
                 state_steps,
                 beta1_prods,
                 foreach=group["foreach"],
+                fused=group["fused"],
                 lr=group["lr"],
                 beta1=beta1,
                 beta2=beta2,
@@ -359,7 +379,7 @@ class AMAdam(AMAdamW):
     ----------
     params, lr, betas, eps, lam, per_layer
         As in :class:`AMAdamW`.
-    variant, beta_min, theta, beta_high, beta_low, maximize, foreach
+    variant, beta_min, theta, beta_high, beta_low, maximize, foreach, fused
         As in :class:`AMAdamW`.
     weight_decay : float, default 0
         L2 penalty coefficient :math:`\mu \ge 0` added to the gradient.
@@ -396,6 +416,7 @@ class AMAdam(AMAdamW):
         *,
         maximize: bool = False,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -413,6 +434,7 @@ class AMAdam(AMAdamW):
             beta_low=beta_low,
             maximize=maximize,
             foreach=foreach,
+            fused=fused,
         )
 
 
@@ -428,6 +450,7 @@ def am_adamw(
     beta1_prods: list[Tensor],
     foreach: bool | None = None,
     *,
+    fused: bool | None = None,
     lr: float = 1e-3,
     beta1: float = 0.9,
     beta2: float = 0.999,
@@ -460,6 +483,8 @@ def am_adamw(
         ``per_layer=False`` the first entry is the product of the whole scope.
     foreach : bool or None
         Multi-tensor implementation; ``None`` chooses as ``torch.optim`` does.
+    fused : bool or None
+        Fused CPU kernels (see :class:`AMAdamW`); ``None`` means ``False``.
     lr, beta1, beta2, eps, weight_decay, lam, per_layer
         As in :class:`AMAdamW` (``beta1`` is :math:`\beta_{1,\max}`).
     variant, beta_min, theta, beta_high, beta_low, maximize
@@ -485,9 +510,16 @@ def am_adamw(
     (0.9, 0.9)
     """
     check_choice("weight_decay_mode", weight_decay_mode, WEIGHT_DECAY_MODES)
-    if foreach is None:
-        _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
-    func = _multi_tensor_am_adamw if foreach else _single_tensor_am_adamw
+    if fused and foreach:
+        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
+    if fused:
+        func = _fused_am_adamw
+    else:
+        if foreach is None:
+            _, foreach = _default_to_fused_or_foreach(
+                params, differentiable=False, use_fused=False
+            )
+        func = _multi_tensor_am_adamw if foreach else _single_tensor_am_adamw
     return func(
         params,
         grads,
@@ -515,6 +547,25 @@ def am_adamw(
 def _beta(num: Tensor, den: Tensor, ref: Tensor, beta1: float, variant_args: tuple) -> Tensor:
     """Step 5 of section 3 (guard and clip), then the variant."""
     return apply_variant(guarded_beta(num, den, ref, beta1), *variant_args)
+
+
+def _fused_am_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    **hyper: Any,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The fused CPU kernels; the foreach path where they cannot run (with a warning)."""
+    out = fused_am_adamw(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper)
+    if isinstance(out, str):
+        warn_fallback(out)
+        return _multi_tensor_am_adamw(
+            params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper
+        )
+    return out
 
 
 def _single_tensor_am_adamw(

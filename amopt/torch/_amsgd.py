@@ -25,6 +25,7 @@ from amopt.torch._common import (
     real_dtype,
     total,
 )
+from amopt.torch._fused import fused_amsgd, warn_fallback
 
 __all__ = ["AMSGD", "amsgd"]
 
@@ -40,6 +41,7 @@ _DEFAULTS: dict[str, Any] = {
     "beta_low": 0.1,
     "maximize": False,
     "foreach": None,
+    "fused": None,
 }
 
 
@@ -52,6 +54,9 @@ def _validate(group: dict[str, Any]) -> None:
     check_variant_options(group)
     check_flag("maximize", group["maximize"])
     check_flag("foreach", group["foreach"], allow_none=True)
+    check_flag("fused", group["fused"], allow_none=True)
+    if group["fused"] and group["foreach"]:
+        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
 
 
 class AMSGD(AMOptimizerBase):
@@ -109,6 +114,18 @@ class AMSGD(AMOptimizerBase):
         Use the multi-tensor (``torch._foreach_*``) implementation. ``None``
         picks it when every parameter is on a device with foreach kernels
         (CUDA), as ``torch.optim`` does. Both give the same iterates.
+    fused : bool or None, default None
+        Fused CPU kernels: two passes over memory per step (the three inner
+        products in one pass, the update of ``d`` and ``x`` in the other) and no
+        temporary full-size buffers. They are compiled with the system C
+        compiler on first use and cached (see ``amopt.torch._fused``). Groups
+        the kernels do not handle (non-CPU tensors, dtypes other than
+        float32/float64, non-contiguous tensors), or a machine without a C
+        compiler, use the foreach implementation with a
+        ``FusedFallbackWarning``. Same iterates as the single-tensor
+        implementation up to float rounding (blocked reductions, see
+        ``amopt.torch._fused_src``).
+        ``None`` means ``False``. Cannot be combined with ``foreach=True``.
 
     Notes
     -----
@@ -172,6 +189,7 @@ class AMSGD(AMOptimizerBase):
         *,
         maximize: bool = False,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ) -> None:
         defaults: dict[str, Any] = {
             "lr": lr,
@@ -187,6 +205,7 @@ class AMSGD(AMOptimizerBase):
             "beta_low": beta_low,
             "maximize": maximize,
             "foreach": foreach,
+            "fused": fused,
         }
         _validate(defaults)
         super().__init__(params, defaults)
@@ -299,6 +318,7 @@ class AMSGD(AMOptimizerBase):
                 momentum_buffer_list,
                 state_steps,
                 foreach=group["foreach"],
+                fused=group["fused"],
                 lr=group["lr"],
                 lam=group["lam"],
                 beta_max=beta_max,
@@ -335,6 +355,7 @@ def amsgd(
     state_steps: list[Tensor],
     foreach: bool | None = None,
     *,
+    fused: bool | None = None,
     lr: float,
     lam: float = 0.1,
     beta_max: float = 0.9,
@@ -363,6 +384,8 @@ def amsgd(
         0-d step counters, incremented in place.
     foreach : bool or None
         Multi-tensor implementation; ``None`` chooses as ``torch.optim`` does.
+    fused : bool or None
+        Fused CPU kernels (see :class:`AMSGD`); ``None`` means ``False``.
     lr, lam, beta_max, weight_decay, per_layer
         As in :class:`AMSGD`.
     variant, beta_min, theta, beta_high, beta_low, maximize
@@ -386,9 +409,16 @@ def amsgd(
     >>> float(betas[0]), [round(v, 6) for v in x.tolist()]
     (0.9, [2.157273, -0.165289])
     """
-    if foreach is None:
-        _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
-    func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
+    if fused and foreach:
+        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
+    if fused:
+        func = _fused_amsgd
+    else:
+        if foreach is None:
+            _, foreach = _default_to_fused_or_foreach(
+                params, differentiable=False, use_fused=False
+            )
+        func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
     return func(
         params,
         grads,
@@ -416,6 +446,21 @@ def _beta_and_gamma(
     beta = guarded_beta(num, vv, dd + gg, beta_max)
     beta = apply_variant(beta, *variant_args)
     return beta, (beta + lam) / (1.0 + lam)
+
+
+def _fused_amsgd(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    **hyper: Any,
+) -> list[Tensor]:
+    """The fused CPU kernels; the foreach path where they cannot run (with a warning)."""
+    out = fused_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
+    if isinstance(out, str):
+        warn_fallback(out)
+        return _multi_tensor_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
+    return out
 
 
 def _single_tensor_amsgd(

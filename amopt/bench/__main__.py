@@ -1,0 +1,5 @@
+"""``python -m amopt.bench [--check] [--repeat N] [--threads N] [--rows KEY ...]``."""
+
+from amopt.bench._cli import main
+
+raise SystemExit(main())

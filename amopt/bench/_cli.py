@@ -1,0 +1,483 @@
+"""``python -m amopt.bench``: the performance targets of amopt, measured side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from amopt.bench import cases
+from amopt.bench._timing import Paired, interleave, load_average, machine_info
+
+__all__ = ["Settings", "Measured", "Row", "Result", "ROWS", "run_rows", "format_report", "main"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to measure: pairs per row, small sizes, torch threads."""
+
+    repeat: int = 15
+    quick: bool = False
+    threads: int = 1
+
+
+@dataclass
+class Measured:
+    """One row's numbers: medians of each side (in ``unit``) and their ratio."""
+
+    a: float
+    b: float
+    ratio: float
+    unit: str
+    ratio_of_medians: float | None = None
+    spread: tuple[float, float] | None = None
+    note: str = ""
+
+    @classmethod
+    def from_paired(cls, p: Paired, *, scale: float, unit: str, note: str = "") -> Measured:
+        """From interleaved samples in seconds; ``scale`` converts them to ``unit``."""
+        return cls(
+            a=p.median_a * scale,
+            b=p.median_b * scale,
+            ratio=p.median_ratio,
+            unit=unit,
+            ratio_of_medians=p.ratio_of_medians,
+            spread=p.spread(),
+            note=note,
+        )
+
+
+@dataclass(frozen=True)
+class Row:
+    """A line of the table: what is compared, its target, and how to measure it.
+
+    ``target`` is the largest acceptable ratio (AM side / baseline), or
+    ``None`` for an informational row.
+    """
+
+    key: str
+    metric: str
+    side_a: str
+    side_b: str
+    target: float | None
+    measure: Callable[[Settings], Measured]
+
+
+@dataclass
+class Result:
+    """A measured (or skipped) row; ``status`` is "met", "MISSED", "info" or "skipped"."""
+
+    row: Row
+    measured: Measured | None = None
+    skipped: str | None = None
+    seconds: float = 0.0
+    status: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        if self.skipped is not None:
+            self.status = "skipped"
+        elif self.row.target is None:
+            self.status = "info"
+        else:
+            assert self.measured is not None
+            self.status = "met" if self.measured.ratio <= self.row.target else "MISSED"
+
+
+# --------------------------------------------------------------------------- measurements
+
+N_PARAMS = 25_000_000
+
+
+def _sizes(s: Settings, n_params: int, n_tensors: int) -> tuple[int, int]:
+    return (200_000, min(n_tensors, 8)) if s.quick else (n_params, n_tensors)
+
+
+def _set_threads(s: Settings) -> None:
+    import torch
+
+    if s.threads > 0:
+        torch.set_num_threads(s.threads)
+
+
+def _optimizers(kind_a: str, kind_b: str, n_tensors: int, per_layer: bool) -> Callable:
+    def measure(s: Settings) -> Measured:
+        _set_threads(s)
+        n, t = _sizes(s, N_PARAMS, n_tensors)
+        a = cases.OptimizerCase(kind_a, n, t, per_layer=per_layer)
+        b = cases.OptimizerCase(kind_b, n, t, per_layer=per_layer)
+        p = interleave(a.run, b.run, repeat=s.repeat, warmup=3)
+        tensors = f"{t} tensor" + ("s" if t != 1 else "")
+        return Measured.from_paired(p, scale=1e3, unit="ms", note=f"{n:,} params, {tensors}")
+
+    return measure
+
+
+def _core_step(s: Settings) -> Measured:
+    n = 100_000 if s.quick else 10_000_000
+    a = cases.CoreStepCase("am-mgd", n)
+    b = cases.CoreStepCase("mgd", n)
+    p = interleave(a.run, b.run, repeat=s.repeat, warmup=2)
+    return Measured.from_paired(p, scale=1e3, unit="ms", note=f"n = {n:,}, float64")
+
+
+def _minimize_a9a(s: Settings) -> Measured:
+    k = 10 if s.quick else 500
+    a = cases.MinimizeCase("am-mgd", iterations=k)
+    b = cases.MinimizeCase("heavy-ball", iterations=k)
+    p = interleave(a.run, b.run, repeat=s.repeat, warmup=1)
+    return Measured.from_paired(
+        p, scale=1e6 / k, unit="us/it", note=f"{k} iterations per sample, from near x*"
+    )
+
+
+def _peak_memory(s: Settings) -> Measured:
+    if not sys.platform.startswith("linux"):
+        raise cases.SkipCase("peak memory is read from /proc (Linux only)")
+    n, t = _sizes(s, N_PARAMS, 48)
+    out = {}
+    for kind in ("am_adamw_fused", "adamw_fused"):
+        code = (
+            "import json, torch\n"
+            f"torch.set_num_threads({max(s.threads, 1)})\n"
+            "from amopt.bench.cases import peak_state_memory\n"
+            f"print(json.dumps(peak_state_memory({kind!r}, {n}, {t}, True)))\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"peak-memory child for {kind} failed:\n{proc.stderr[-2000:]}")
+        out[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
+    am, ref = out["am_adamw_fused"], out["adamw_fused"]
+    state_ratio = am["state_bytes"] / ref["state_bytes"]
+    return Measured(
+        a=am["peak_extra_bytes"] / 2**20,
+        b=ref["peak_extra_bytes"] / 2**20,
+        ratio=am["peak_extra_bytes"] / ref["peak_extra_bytes"],
+        unit="MiB",
+        note=(
+            f"peak RSS added by the optimizer over 3 steps, fresh process each; "
+            f"state bytes {am['state_bytes'] / 2**20:.1f} / {ref['state_bytes'] / 2**20:.1f} "
+            f"MiB = {state_ratio:.4f}"
+        ),
+    )
+
+
+def _llama(batch: int) -> Callable[[Settings], Measured]:
+    """Whole training iterations, AM-AdamW against AdamW, estimated robustly.
+
+    Both models run the same forward and backward computation (same architecture,
+    batch and initial weights); only the optimizer step differs. The iteration time
+    of each side is estimated as ``T_fb + T_step``: the median forward+backward time
+    of both models pooled, plus the median step time of that side. On a machine
+    shared with other work the raw whole-iteration times scatter by several percent
+    (more than the effect measured); the raw paired ratio and its spread, and the
+    forward+backward medians of each side, are given in the note.
+    """
+
+    def measure(s: Settings) -> Measured:
+        _set_threads(s)
+        size: dict = {"batch": batch}
+        if s.quick:
+            size = {"batch": 2, "seq_len": 32, "hidden": 64, "layers": 2, "vocab": 512}
+        a = cases.LlamaCase("am-adamw", **size)
+        b = cases.LlamaCase("adamw", **size)
+        b.model.load_state_dict(a.model.state_dict())
+        p = interleave(a.run, b.run, repeat=s.repeat, warmup=2)
+        med = statistics.median
+        fb = med(a.fb_seconds + b.fb_seconds)
+        it_a, it_b = fb + med(a.step_seconds), fb + med(b.step_seconds)
+        q1, q3 = p.spread()
+        return Measured(
+            a=it_a * 1e3,
+            b=it_b * 1e3,
+            ratio=it_a / it_b,
+            unit="ms",
+            note=(
+                f"{a.n_params:,} params in {a.n_tensors} tensors, batch {tuple(a.ids.shape)}; "
+                f"iteration = forward+backward ({med(a.fb_seconds) * 1e3:.0f} ms with AM-AdamW, "
+                f"{med(b.fb_seconds) * 1e3:.0f} ms with AdamW, pooled median "
+                f"{fb * 1e3:.0f} ms) + step ({med(a.step_seconds) * 1e3:.1f} ms vs "
+                f"{med(b.step_seconds) * 1e3:.1f} ms); raw whole-iteration paired ratio "
+                f"{p.median_ratio:.3f} (IQR {q1:.3f}-{q3:.3f})"
+            ),
+        )
+
+    return measure
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "adamw-layers",
+        "AMAdamW.step / AdamW(fused=True).step, 25M params in 48 tensors, per-layer beta",
+        "AMAdamW(fused=True)",
+        "AdamW(fused=True)",
+        2.0,
+        _optimizers("am_adamw_fused", "adamw_fused", 48, True),
+    ),
+    Row(
+        "adamw-global",
+        "AMAdamW.step / AdamW(fused=True).step, one 25M-parameter tensor, global beta",
+        "AMAdamW(fused=True)",
+        "AdamW(fused=True)",
+        2.0,
+        _optimizers("am_adamw_fused", "adamw_fused", 1, False),
+    ),
+    Row(
+        "amsgd",
+        "AMSGD.step / SGD(momentum=0.9, dampening=0.9, foreach=True).step, 25M params, 48 tensors",
+        "AMSGD(fused=True)",
+        "SGD(foreach=True)",
+        1.6,
+        _optimizers("amsgd_fused", "sgd_foreach", 48, False),
+    ),
+    Row(
+        "minimize-a9a",
+        "minimize(method='am-mgd') per iteration / hand-written NumPy heavy-ball loop, a9a",
+        "minimize am-mgd",
+        "heavy-ball loop",
+        1.05,
+        _minimize_a9a,
+    ),
+    Row(
+        "core-numpy",
+        "NumPy core am_momentum_step (AM-MGD) / heavy_ball_step (MGD), 10^7 float64",
+        "AM-MGD step",
+        "MGD step",
+        1.6,
+        _core_step,
+    ),
+    Row(
+        "peakmem",
+        "peak memory of AMAdamW / AdamW state (25M params, 48 tensors, fused)",
+        "AMAdamW(fused=True)",
+        "AdamW(fused=True)",
+        1.05,
+        _peak_memory,
+    ),
+    Row(
+        "llama",
+        "tiny LLaMA training iteration (batch 16 x 256), AM-AdamW / AdamW (overhead <= 1%)",
+        "AMAdamW(fused=True)",
+        "AdamW(fused=True)",
+        1.01,
+        _llama(16),
+    ),
+)
+
+#: informational rows, run with ``--extra``
+EXTRA_ROWS: tuple[Row, ...] = (
+    Row(
+        "adamw-foreach",
+        "AMAdamW(foreach=True).step / AdamW(fused=True).step, 25M params, 48 tensors",
+        "AMAdamW(foreach=True)",
+        "AdamW(fused=True)",
+        None,
+        _optimizers("am_adamw_foreach", "adamw_fused", 48, True),
+    ),
+    Row(
+        "adamw-foreach-torch",
+        "AdamW(foreach=True).step / AdamW(fused=True).step, 25M params, 48 tensors",
+        "AdamW(foreach=True)",
+        "AdamW(fused=True)",
+        None,
+        _optimizers("adamw_foreach", "adamw_fused", 48, True),
+    ),
+    Row(
+        "llama-b8",
+        "tiny LLaMA training iteration (batch 8 x 256), AM-AdamW / AdamW",
+        "AMAdamW(fused=True)",
+        "AdamW(fused=True)",
+        None,
+        _llama(8),
+    ),
+)
+
+
+# --------------------------------------------------------------------------- running, report
+
+
+def run_rows(
+    rows: Sequence[Row], settings: Settings, *, progress: Callable[[str], None] | None = None
+) -> list[Result]:
+    """Measure ``rows`` one after the other; a row that cannot run here is skipped."""
+    results = []
+    for row in rows:
+        if progress is not None:
+            progress(f"measuring {row.key} ...")
+        start = time.perf_counter()
+        try:
+            result = Result(row, measured=row.measure(settings))
+        except cases.SkipCase as exc:
+            result = Result(row, skipped=str(exc))
+        except ImportError as exc:
+            result = Result(row, skipped=f"missing package: {exc}")
+        result.seconds = time.perf_counter() - start
+        results.append(result)
+    return results
+
+
+def _fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def format_report(
+    results: Sequence[Result],
+    info: dict[str, str],
+    settings: Settings,
+    loads: tuple[object, object],
+) -> str:
+    """The markdown report: machine, settings, load before and after, the table, notes.
+
+    Parameters
+    ----------
+    results : sequence of Result
+    info : dict
+        From :func:`amopt.bench._timing.machine_info`.
+    settings : Settings
+    loads : (load before, load after)
+        ``os.getloadavg()`` triples, or ``None`` where unavailable.
+    """
+    lines = ["Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items())]
+    lines.append(
+        f"Settings: {settings.repeat} interleaved pairs per row, torch threads "
+        f"{settings.threads if settings.threads > 0 else 'default'}"
+        + (", QUICK sizes (not the targets' sizes)" if settings.quick else "")
+    )
+
+    def fmt_load(load: object) -> str:
+        return "n/a" if load is None else " ".join(f"{v:.2f}" for v in load)  # type: ignore[attr-defined]
+
+    lines.append(
+        f"Load average (1, 5, 15 min): before {fmt_load(loads[0])}, after {fmt_load(loads[1])}"
+    )
+    lines.append("")
+    lines.append("| metric | AM side | baseline | ratio | target | status |")
+    lines.append("|---|---|---|---|---|---|")
+    for r in results:
+        target = "-" if r.row.target is None else f"<= {r.row.target:g}"
+        if r.measured is None:
+            lines.append(f"| {r.row.metric} | - | - | - | {target} | skipped: {r.skipped} |")
+            continue
+        m = r.measured
+        spread = "" if m.spread is None else f" (IQR {m.spread[0]:.3f}-{m.spread[1]:.3f})"
+        lines.append(
+            f"| {r.row.metric} | {r.row.side_a}: {_fmt(m.a)} {m.unit} | "
+            f"{r.row.side_b}: {_fmt(m.b)} {m.unit} | {m.ratio:.3f}{spread} | {target} | "
+            f"{r.status} |"
+        )
+    notes = [
+        f"- {r.row.key}: {r.measured.note}" for r in results if r.measured and r.measured.note
+    ]
+    if notes:
+        lines += ["", "Notes:"] + notes
+    lines += [
+        "",
+        "ratio = median over the pairs of (AM side / baseline), each pair measured back to "
+        "back in alternating order; IQR = interquartile range of those ratios. Except: "
+        "peakmem (one fresh process per side) and llama (forward+backward pooled over both "
+        "sides plus each side's median step; the raw paired ratio is in its note).",
+    ]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m amopt.bench",
+        description=(
+            "Measure amopt's performance targets side by side (the AM side and its baseline "
+            "interleaved in one run) and print a markdown table."
+        ),
+    )
+    p.add_argument("--check", action="store_true", help="exit with status 1 if a target is missed")
+    p.add_argument("--repeat", type=int, default=15, help="interleaved pairs per row (15)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads for the torch rows (1: per-core ratios, stable on a "
+        "shared machine; 0: leave torch's default)",
+    )
+    p.add_argument(
+        "--rows", nargs="*", default=None, help="only rows whose key contains one of these"
+    )
+    p.add_argument("--extra", action="store_true", help="also the informational rows")
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes (a smoke test, not the targets)"
+    )
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--list", action="store_true", help="list the rows and exit")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m amopt.bench``.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Command-line arguments (default ``sys.argv[1:]``); ``--help`` lists them.
+
+    Returns
+    -------
+    int
+        0, or 1 with ``--check`` when a row misses its target (skipped rows do not
+        count as missed).
+    """
+    args = _parser().parse_args(argv)
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be at least 1")
+    rows = list(ROWS) + (list(EXTRA_ROWS) if args.extra else [])
+    if args.rows:
+        rows = [r for r in rows if any(sel in r.key for sel in args.rows)]
+    if args.list:
+        for r in rows:
+            target = "info" if r.target is None else f"<= {r.target:g}"
+            print(f"{r.key:22s} {target:8s} {r.metric}")
+        return 0
+    settings = Settings(repeat=args.repeat, quick=args.quick, threads=args.threads)
+    before = load_average()
+    results = run_rows(rows, settings, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    after = load_average()
+    info = machine_info()
+    print(format_report(results, info, settings, (before, after)))
+    if args.json:
+        payload = {
+            "machine": info,
+            "settings": asdict(settings),
+            "load_before": before,
+            "load_after": after,
+            "rows": [
+                {
+                    "key": r.row.key,
+                    "metric": r.row.metric,
+                    "target": r.row.target,
+                    "status": r.status,
+                    "skipped": r.skipped,
+                    "seconds": r.seconds,
+                    "measured": None if r.measured is None else asdict(r.measured),
+                }
+                for r in results
+            ],
+        }
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=2)
+    missed = [r for r in results if r.status == "MISSED"]
+    if args.check and missed:
+        print(
+            "\n--check: targets missed: " + ", ".join(r.row.key for r in missed), file=sys.stderr
+        )
+        return 1
+    return 0

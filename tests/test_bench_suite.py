@@ -1,0 +1,238 @@
+"""The benchmark code runs: every case, the side-by-side command and every asv body, once.
+
+CI checks correctness only: small sizes (``AMOPT_BENCH_QUICK=1``), no timing
+assertions. Rows and benchmarks that need a missing data set, package or device
+are skipped by the code under test, and that path is exercised too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amopt.bench import _cli, cases
+
+torch = pytest.importorskip("torch")
+
+ASV_DIR = Path(__file__).resolve().parents[1] / "asv_benchmarks"
+
+
+@pytest.fixture
+def quick_env(monkeypatch):
+    monkeypatch.setenv(cases.QUICK_ENV, "1")
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def test_rows_carry_the_targets_of_the_issue():
+    targets = {row.key: row.target for row in _cli.ROWS}
+    assert targets == {
+        "adamw-layers": 2.0,
+        "adamw-global": 2.0,
+        "amsgd": 1.6,
+        "minimize-a9a": 1.05,
+        "core-numpy": 1.6,
+        "peakmem": 1.05,
+        "llama": 1.01,
+    }
+    assert all(row.target is None for row in _cli.EXTRA_ROWS)
+
+
+def test_quick_run_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    status = _cli.main(
+        ["--quick", "--repeat", "2", "--rows", "adamw-global", "amsgd", "core", "--json", str(out)]
+    )
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "| metric | AM side | baseline | ratio | target | status |" in text
+    assert "QUICK sizes" in text and "Load average" in text
+    payload = json.loads(out.read_text())
+    assert [r["key"] for r in payload["rows"]] == ["adamw-global", "amsgd", "core-numpy"]
+    for r in payload["rows"]:
+        m = r["measured"]
+        assert m["a"] > 0 and m["b"] > 0 and m["ratio"] > 0
+        assert r["status"] in ("met", "MISSED")
+
+
+def _fake_row(key, target, ratio=None, skip=None):
+    def measure(settings):
+        if skip:
+            raise cases.SkipCase(skip)
+        return _cli.Measured(a=ratio, b=1.0, ratio=ratio, unit="ms")
+
+    return _cli.Row(key, f"fake {key}", "A", "B", target, measure)
+
+
+def test_check_exits_nonzero_when_a_target_is_missed(monkeypatch, capsys):
+    monkeypatch.setattr(_cli, "ROWS", (_fake_row("good", 2.0, 1.5), _fake_row("bad", 1.0, 1.2)))
+    assert _cli.main(["--repeat", "1"]) == 0  # without --check: report only
+    assert _cli.main(["--repeat", "1", "--check"]) == 1
+    captured = capsys.readouterr()
+    assert "| fake bad |" in captured.out and "MISSED" in captured.out
+    assert "targets missed: bad" in captured.err
+
+
+def test_skipped_rows_are_reported_and_do_not_fail_the_check(monkeypatch, capsys):
+    monkeypatch.setattr(
+        _cli, "ROWS", (_fake_row("ok", 2.0, 1.0), _fake_row("nodata", 1.0, skip="no data here"))
+    )
+    assert _cli.main(["--check", "--repeat", "1"]) == 0
+    assert "skipped: no data here" in capsys.readouterr().out
+
+
+def test_list_and_row_filter(capsys):
+    assert _cli.main(["--list", "--rows", "llama"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("llama")
+
+
+# --------------------------------------------------------------------------- the cases
+
+
+@pytest.mark.parametrize("kind", list(cases.OPTIMIZER_KINDS))
+def test_optimizer_cases_step(kind):
+    case = cases.OptimizerCase(kind, 3_000, 3, per_layer=True)
+    before = [p.detach().clone() for p in case.params]
+    case.run()
+    assert any(not torch.equal(a, p) for a, p in zip(before, case.params, strict=True))
+    assert case.state_bytes() >= (0 if kind == "sgd_foreach" else 3_000 * 4)
+
+
+def test_am_adamw_state_is_adamw_state_plus_scalars():
+    am = cases.OptimizerCase("am_adamw_fused", 10_000, 4)
+    ref = cases.OptimizerCase("adamw_fused", 10_000, 4)
+    am.run()
+    ref.run()
+    extra = am.state_bytes() - ref.state_bytes()
+    assert 0 <= extra <= 4 * 16  # per tensor: a 0-d beta1_prod and beta, at most
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_peak_state_memory_measures_the_state():
+    out = cases.peak_state_memory("am_adamw_fused", 50_000, 2, True)
+    assert out["state_bytes"] >= 2 * 50_000 * 4
+    assert out["peak_extra_bytes"] >= 0
+
+
+@pytest.mark.parametrize("backend", cases.array_backends())
+@pytest.mark.parametrize("method", ["am-mgd", "mgd"])
+def test_core_step_cases(backend, method):
+    case = cases.CoreStepCase(method, 1_000, backend)
+    case.run()
+
+
+def test_core_step_case_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown method"):
+        cases.CoreStepCase("adam", 10)
+    with pytest.raises(ValueError, match="unknown backend"):
+        cases.CoreStepCase("mgd", 10, "jax")
+
+
+def test_minimize_case_both_sides():
+    try:
+        am = cases.MinimizeCase("am-mgd", iterations=3)
+    except cases.SkipCase as exc:
+        pytest.skip(str(exc))
+    hb = cases.MinimizeCase("heavy-ball", iterations=3)
+    xa, xb = am.run(), hb.run()
+    assert xa.shape == xb.shape == (123,) and np.all(np.isfinite(xa))
+
+
+def test_minimize_case_skips_without_data(monkeypatch, tmp_path):
+    monkeypatch.setenv("AMOPT_A9A", str(tmp_path / "missing"))
+    with pytest.raises(cases.SkipCase, match="a9a not found"):
+        cases.MinimizeCase("am-mgd")
+
+
+def test_llama_case_or_clean_skip():
+    try:
+        case = cases.LlamaCase("am-adamw", batch=2, seq_len=16, hidden=32, layers=1, vocab=64)
+    except cases.SkipCase as exc:
+        assert "transformers" in str(exc)
+        pytest.skip(str(exc))
+    loss = case.run()
+    assert np.isfinite(loss)
+
+
+@pytest.mark.parametrize("method", cases.QUALITY_METHODS)
+def test_solver_quality_on_the_quadratic(method):
+    out = cases.solver_quality("quadratic", method, maxiter=2000)
+    assert out["final_suboptimality"] < 1e-6
+    assert 1 <= out["iterations_to_1e-6"] <= 2000
+
+
+def test_solver_quality_reports_nan_when_not_reached():
+    out = cases.solver_quality("mushrooms", "gd", maxiter=3)
+    assert out["final_suboptimality"] > 1e-6 and np.isnan(out["iterations_to_1e-6"])
+
+
+# --------------------------------------------------------------------------- asv bodies
+
+
+def _asv_modules():
+    sys.path.insert(0, str(ASV_DIR))
+    try:
+        names = sorted(
+            p.stem for p in (ASV_DIR / "benchmarks").glob("*.py") if p.stem != "__init__"
+        )
+        return [importlib.import_module(f"benchmarks.{name}") for name in names]
+    finally:
+        sys.path.remove(str(ASV_DIR))
+
+
+def _benchmark_classes():
+    for module in _asv_modules():
+        for name in dir(module):
+            obj = getattr(module, name)
+            if isinstance(obj, type) and obj.__module__ == module.__name__:
+                methods = [
+                    m for m in dir(obj) if m.startswith(("time_", "peakmem_", "track_", "mem_"))
+                ]
+                if methods:
+                    yield f"{module.__name__}.{name}", obj, methods
+
+
+def test_asv_config_is_valid_json_with_comments():
+    import re
+
+    text = (ASV_DIR / "asv.conf.json").read_text()
+    conf = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+    assert conf["benchmark_dir"] == "benchmarks" and conf["repo"] == ".."
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "methods"),
+    [pytest.param(*b, id=b[0]) for b in _benchmark_classes()],
+)
+def test_asv_benchmark_bodies_run_once(name, cls, methods, quick_env):
+    params = getattr(cls, "params", ())
+    if params and not isinstance(params[0], list | tuple):
+        params = (params,)
+    combos = list(itertools.product(*params)) if params else [()]
+    bench = cls()
+    cache = (bench.setup_cache(),) if hasattr(bench, "setup_cache") else ()
+    ran = 0
+    for combo in combos:
+        args = (*cache, *combo)
+        try:
+            if hasattr(bench, "setup"):
+                bench.setup(*args)
+        except NotImplementedError:
+            continue  # asv's way to skip a combination (missing data, package or device)
+        for m in methods:
+            value = getattr(bench, m)(*args)
+            if m.startswith("track_"):
+                assert isinstance(value, int | float)
+        if hasattr(bench, "teardown"):
+            bench.teardown(*args)
+        ran += 1
+    if ran == 0:
+        pytest.skip(f"{name}: every combination is skipped here")
