@@ -1,0 +1,395 @@
+"""Shared machinery of the experiments: run context, progress bars, JSON, tables, plots."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "RunContext",
+    "downsample",
+    "environment",
+    "first_below",
+    "torch_threads",
+    "fmt",
+    "markdown_table",
+    "pyplot",
+    "sanitize",
+    "save_figure",
+    "write_json",
+]
+
+
+@dataclasses.dataclass
+class RunContext:
+    """Settings shared by every experiment of one command-line call.
+
+    Attributes
+    ----------
+    out : pathlib.Path
+        Folder of this experiment's files (``<--out>/<name>``); created on demand.
+    quick : bool
+        Smoke-test scale (about a minute at most) instead of the real run.
+    seed : int
+        Base seed; every random choice of the experiment derives from it.
+    data_dir : pathlib.Path or None
+        ``--data-dir`` (else ``$AMOPT_SHARED_DATA``, else ``../shared/data``).
+    quiet : bool
+        No progress bars and no log lines.
+    threads : int
+        ``torch.set_num_threads`` for the torch experiments.
+    device : str
+        ``"cpu"``, ``"cuda"`` or ``"auto"`` (cuda when available) for the torch experiments.
+    datasets : list of str or None
+        LIBSVM data sets (names or paths) for ``logreg`` / ``logreg-adam``.
+    full_curves : bool
+        Store every step of every curve in the JSON instead of a log-spaced subsample.
+    """
+
+    out: Path
+    quick: bool = False
+    seed: int = 0
+    data_dir: Path | None = None
+    quiet: bool = False
+    threads: int = 1
+    device: str = "auto"
+    datasets: list[str] | None = None
+    full_curves: bool = False
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+
+    @property
+    def show_progress(self) -> bool:
+        """Progress bars only on an interactive terminal and without ``--quiet``."""
+        return not self.quiet and sys.stderr.isatty()
+
+    def progress(self, iterable: Iterable | None = None, **kwargs: Any) -> Any:
+        """A ``tqdm`` bar (a silent one when not on a TTY or with ``--quiet``)."""
+        from tqdm.auto import tqdm
+
+        kwargs.setdefault("leave", False)
+        kwargs.setdefault("dynamic_ncols", True)
+        return tqdm(iterable, disable=not self.show_progress, **kwargs)
+
+    def log(self, message: str) -> None:
+        """One line on stderr (suppressed by ``--quiet``); safe beside a progress bar."""
+        if self.quiet:
+            return
+        if self.show_progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def curve(self, values: Sequence[float] | np.ndarray, points: int = 300) -> dict[str, list]:
+        """A curve for the JSON: every step with ``--full-curves``, else a subsample."""
+        return downsample(values, None if self.full_curves else points)
+
+    def torch_device(self) -> str:
+        """The torch device string this run uses."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """``torch.set_num_threads(n)`` inside the block; the previous value is restored after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def downsample(values: Sequence[float] | np.ndarray, points: int | None = 300) -> dict[str, list]:
+    """``{"step": [...], "value": [...]}`` at about ``points`` log-spaced steps (all if None).
+
+    The first and last step are always kept; log spacing keeps the early
+    iterations that a log-scaled x axis shows.
+
+    Examples
+    --------
+    >>> c = downsample(np.arange(1000.0), points=5)
+    >>> c["step"][0], c["step"][-1], len(c["step"]) <= 6
+    (0, 999, True)
+    """
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    n = arr.size
+    if points is None or n <= points:
+        idx = np.arange(n)
+    else:
+        idx = np.unique(
+            np.concatenate([np.geomspace(1, n, points).astype(np.int64) - 1, [0, n - 1]])
+        )
+    return {"step": [int(i) for i in idx], "value": [float(f"{v:.6g}") for v in arr[idx]]}
+
+
+def first_below(values: Sequence[float] | np.ndarray, threshold: float) -> int | None:
+    """The first index with ``values[i] <= threshold``, or None.
+
+    Examples
+    --------
+    >>> first_below([3.0, 2.0, 1.0], 2.0), first_below([3.0], 1.0)
+    (1, None)
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    hit = np.flatnonzero(arr <= threshold)
+    return int(hit[0]) if hit.size else None
+
+
+def sanitize(obj: Any) -> Any:
+    """A JSON-safe copy: NumPy scalars/arrays to Python, non-finite floats to ``None``.
+
+    Examples
+    --------
+    >>> sanitize({"a": np.float64(1.5), "b": [math.inf, np.int64(2)], "c": (1, None)})
+    {'a': 1.5, 'b': [None, 2], 'c': [1, None]}
+    """
+    if isinstance(obj, dict):
+        return {str(k): sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [sanitize(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [sanitize(v) for v in obj.tolist()]
+    if isinstance(obj, bool | np.bool_):
+        return bool(obj)
+    if isinstance(obj, int | np.integer):
+        return int(obj)
+    if isinstance(obj, float | np.floating):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``sanitize(obj)`` as compact JSON (strict: no NaN or infinity)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(sanitize(obj), separators=(",", ":"), allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Compact text for a table cell: ``-`` for None/NaN, scientific for small/large floats.
+
+    Examples
+    --------
+    >>> fmt(None), fmt(0.123456), fmt(1.5e-9), fmt(12), fmt(1228.4), fmt("x")
+    ('-', '0.123', '1.50e-09', '12', '1228', 'x')
+    """
+    if value is None:
+        return "-"
+    if isinstance(value, bool | np.bool_):
+        return "yes" if value else "no"
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        v = float(value)
+        if not math.isfinite(v):
+            return "-"
+        if v == 0.0:
+            return "0"
+        if abs(v) < 1e-3 or abs(v) >= 1e5:
+            return f"{v:.{max(digits - 1, 1)}e}"
+        if abs(v) >= 10 ** digits:
+            return f"{v:.0f}"
+        return f"{v:.{digits}g}" if abs(v) >= 1 else f"{v:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub Markdown table; cells go through :func:`fmt` unless already strings.
+
+    Examples
+    --------
+    >>> print(markdown_table(["a", "b"], [[1, 0.5]]))
+    | a | b |
+    |---|---|
+    | 1 | 0.500 |
+    """
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [c if isinstance(c, str) else fmt(c) for c in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine facts recorded with every result."""
+    import numpy
+    import scipy
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        import amopt
+
+        env["amopt"] = amopt.__version__
+    except Exception:  # pragma: no cover - amopt is importable here
+        pass
+    env.update(_git_state())
+    if "torch" in sys.modules:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    if "transformers" in sys.modules:
+        env["transformers"] = sys.modules["transformers"].__version__
+    return env
+
+
+def _git_state() -> dict[str, Any]:
+    """The checkout's commit and the files of ``amopt/`` with uncommitted changes (read-only)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "amopt"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if head.returncode != 0:
+        return {}
+    return {
+        "git_commit": head.stdout.strip(),
+        "git_uncommitted": [line[3:] for line in dirty.stdout.splitlines() if line.strip()],
+    }
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, with readable defaults."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "figure.dpi": 100,
+            "savefig.dpi": 110,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "axes.titlesize": 10,
+            "axes.labelsize": 9,
+            "legend.fontsize": 7.5,
+            "xtick.labelsize": 8,
+            "ytick.labelsize": 8,
+        }
+    )
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> str:
+    """Save, close, and return the file name (for the result's ``plots`` list)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path.name
+
+
+# --------------------------------------------------------------------------- full-batch runs
+
+
+def trace_minimize(
+    value_and_grad: Any,
+    x0: np.ndarray,
+    method: str,
+    options: dict[str, Any],
+    *,
+    bar: Any = None,
+) -> dict[str, Any]:
+    """Run :func:`amopt.minimize` and record ``f(x_t)`` for t = 0..nit, the betas and timings.
+
+    Parameters
+    ----------
+    value_and_grad : callable
+        ``x -> (f, g)`` (passed with ``jac=True``).
+    x0 : numpy.ndarray
+        Start.
+    method : str
+        An :data:`amopt.METHODS` name.
+    options : dict
+        ``minimize`` options (``gtol = 0`` is added unless given).
+    bar : tqdm, optional
+        Advanced by one per iteration.
+
+    Returns
+    -------
+    dict
+        ``f`` (array, length nit + 1), ``betas`` (array or None), ``seconds`` (array:
+        wall time when ``x_t`` was available, t = 0..nit, the first evaluation of
+        ``f(x_0)`` excluded), ``time_s``, ``nit``, ``status``, ``message``, ``x``.
+    """
+    from amopt import minimize
+
+    f0 = float(value_and_grad(x0)[0])
+    fs = [f0]
+    stamps = [0.0]
+    start = time.perf_counter()
+
+    def callback(intermediate_result: Any) -> None:
+        fs.append(float(intermediate_result.fun))
+        stamps.append(time.perf_counter() - start)
+        if bar is not None:
+            bar.update(1)
+
+    opts = {"gtol": 0.0, **options}
+    res = minimize(value_and_grad, x0, jac=True, method=method, options=opts, callback=callback)
+    elapsed = time.perf_counter() - start
+    betas = None
+    if "betas" in res and len(res.betas):
+        betas = np.asarray([float(np.mean(np.asarray(b, dtype=np.float64))) for b in res.betas])
+    return {
+        "f": np.asarray(fs),
+        "betas": betas,
+        "seconds": np.asarray(stamps),
+        "time_s": elapsed,
+        "nit": int(res.nit),
+        "status": int(res.status),
+        "message": str(res.message),
+        "x": np.asarray(res.x),
+    }
