@@ -214,7 +214,7 @@ def fmt(value: Any, digits: int = 3) -> str:
             return "0"
         if abs(v) < 1e-3 or abs(v) >= 1e5:
             return f"{v:.{max(digits - 1, 1)}e}"
-        if abs(v) >= 10 ** digits:
+        if abs(v) >= 10**digits:
             return f"{v:.0f}"
         return f"{v:.{digits}g}" if abs(v) >= 1 else f"{v:.{digits}f}"
     return str(value)

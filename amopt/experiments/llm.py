@@ -10,16 +10,19 @@ where they make sense at this scale: lr 1e-3, weight decay 1e-4 (decoupled, on
 every tensor), betas (0.9, 0.999), eps 1e-8, gradient clipping at norm 1.0,
 cosine schedule to 0 with or without a 10% linear warm-up, AM-AdamW lam 0.1
 with one beta per tensor (``per_layer=True``). Every run of a model size starts
-from the same initialisation and sees the same batches.
+from the same initialisation and sees the same batches; the four warm-up /
+no-warm-up runs are repeated with ``main_seeds`` seeds (initialisation and batch
+order), the others use the first seed only.
 
 Runs per size: AdamW and AM-AdamW with and without warm-up (beta_max = beta_1 = 0.9);
 beta_max = beta_1 in {0.95, 0.99} for both (with warm-up); AM-AdamW "clip"
 (beta_min = 0.5) and "restart" (theta = 0.7, 0.9 / 0.1) variants (with warm-up).
 Validation loss every ``eval_every`` steps on fixed held-out windows.
 
-Overhead: a separate timing loop on a fixed batch, AdamW and AM-AdamW
-alternating in rounds, measures the time of a whole iteration (forward,
-backward, clipping, step) and of ``optimizer.step()`` alone (median over rounds).
+Overhead: a separate timing loop on a fixed batch measures the time of a whole
+iteration (forward, backward, clipping, step) and of ``optimizer.step()`` alone
+(median over rounds) for AdamW and AM-AdamW in each implementation of
+:data:`IMPLEMENTATIONS` (single-tensor, foreach, fused), all alternating in rounds.
 """
 
 from __future__ import annotations
@@ -108,8 +111,8 @@ MAIN_RUNS = (
 )
 
 
-#: The runs of one size: label -> (optimizer, beta_max, warm-up, variant).
 def _plan(cfg: dict[str, Any]) -> dict[str, tuple[str, float, bool, str | None]]:
+    """The runs of one size: label -> (optimizer, beta_max, warm-up, variant)."""
     plan: dict[str, tuple[str, float, bool, str | None]] = {
         "AdamW (warm-up)": ("AdamW", 0.9, True, None),
         "AdamW (no warm-up)": ("AdamW", 0.9, False, None),

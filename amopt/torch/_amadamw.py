@@ -349,12 +349,7 @@ class AMAdamW(AMOptimizerBase):
                 state["beta"] = beta
                 state["beta1_prod"] = prod
             if not group["per_layer"]:
-                # beta and its product are group-level state: keep them on every stepped member
-                for p in group["params"]:
-                    state = self.state.get(p)
-                    if state:
-                        state["beta"] = betas[0]
-                        state["beta1_prod"] = new_prods[0]
+                self._share_group_state(group, beta=betas[0], beta1_prod=new_prods[0])
         return loss
 
 

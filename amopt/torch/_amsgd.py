@@ -337,11 +337,7 @@ class AMSGD(AMOptimizerBase):
                 state["momentum_buffer"] = buf
                 state["beta"] = beta
             if not group["per_layer"]:
-                # the group's beta is group-level state: keep it on every stepped member
-                for p in group["params"]:
-                    state = self.state.get(p)
-                    if state:
-                        state["beta"] = betas[0]
+                self._share_group_state(group, beta=betas[0])
         return loss
 
 

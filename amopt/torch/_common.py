@@ -234,6 +234,13 @@ class AMOptimizerBase(Optimizer):
             for g in self.param_groups
         ]
 
+    def _share_group_state(self, group: dict[str, Any], **entries: Tensor) -> None:
+        """Store group-level state (a global scope's beta) on every stepped member."""
+        for p in group["params"]:
+            state = self.state.get(p)
+            if state:
+                state.update(entries)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict; ``beta`` / ``beta1_prod`` keep their accumulation dtype.
 
