@@ -265,6 +265,53 @@ def run_adam(
     return {"x": xs, "d": m}
 
 
+def _adam_beta_condition(
+    g, d, x, p, u, w, scope, N, D, lam, wd, lr, f, f_prev, numerator, beta_max
+):
+    """First-order size of the change of ``N / D`` per unit of input error (for tolerances).
+
+    Not part of the rules. If every entry of ``g``, ``d`` and ``x`` (all arrays of the
+    step) carries an absolute error of at most ``delta * scale``, where ``scale`` is the
+    largest magnitude among them, and ``f``, ``f_prev`` a relative error ``delta``, then
+    ``N / D`` moves by at most about ``delta`` times the returned value: the partial
+    derivatives of ``N`` and ``D`` in absolute value, ``|dN| / D + |N / D| |dD| / D``.
+    An absolute input error is the right model: a gradient formed as a sum of terms
+    keeps an error of the size of its terms when it is itself small, and ``d - g``
+    cancels when ``d`` is close to ``g``. A ratio clipped to ``[0, beta_max]`` with a
+    margin of more than 1e-6 of the bound (far above any rounding) does not move: 0.
+    """
+    scale = max(float(np.max(np.abs(a), initial=0.0)) for a in (*g, *d, *x))
+    exact = numerator == "exact" and f_prev is not None
+    sens_n = 0.0
+    sens_d = 0.0
+    for i in scope:
+        av = np.abs(d[i] - g[i])
+        if exact:
+            sens_n += np.sum(
+                w[i] * (2 * np.abs(g[i]) + lam * p[i] * np.abs(d[i]))
+                + w[i] * av * (1 + lam * p[i])
+                + wd * (av + 2 * np.abs(x[i]))
+            )
+        else:
+            sens_n += np.sum(
+                2 * np.abs(g[i]) / p[i]
+                + 4 * lam * u[i] * av
+                + wd * lr * (np.abs(d[i]) + np.abs(g[i])) / p[i]
+                + wd * (2 + wd * lr) * (np.abs(x[i]) + np.abs(g[i]))
+                + wd * (np.abs(x[i]) + np.abs(d[i]))
+            )
+        sens_d += np.sum(4 * w[i] * av)
+    if D == 0:
+        return np.inf
+    ratio = N / D
+    out = (sens_n + abs(ratio) * sens_d) * scale / D
+    if exact:
+        out += (1 + wd * lr) * (abs(f_prev) + abs(f)) / (lr * D)
+    if ratio > beta_max * (1 + 1e-6) or ratio < -1e-6 * beta_max:
+        return 0.0
+    return float(out)
+
+
 def run_am_adam(
     oracle,
     x0,
@@ -305,6 +352,7 @@ def run_am_adam(
     beta1_prod = [1.0 for _ in scopes]
     f_prev = None
     betas_applied = []
+    conds = []
     for k in range(n_steps):
         t = k + 1
         f, g = _evaluate(oracle, x, k)
@@ -319,6 +367,7 @@ def run_am_adam(
             v_hat[i] = v[i] / (1 - beta2**t)
 
         step_betas = []
+        step_conds = []
         for s, scope in enumerate(scopes):
             # steps 2 and 3
             c = 1 - beta1_max * beta1_prod[s]
@@ -353,6 +402,11 @@ def run_am_adam(
                     vg_w += np.sum(w[i] * (d[i] - g[i]) * (g[i] + lam * p[i] * d[i]))
                     xv += np.sum(x[i] * (d[i] - g[i]))
                 N = (1 + wd * lr) * (f_prev - f) / lr - vg_w - wd * xv
+            step_conds.append(
+                _adam_beta_condition(
+                    g, d, x, p, u, w, scope, N, D, lam, wd, lr, f, f_prev, numerator, beta1_max
+                )
+            )
 
             # step 5, then the variant
             beta = am_beta(N, D, wdd, wgg, beta1_max)
@@ -374,4 +428,10 @@ def run_am_adam(
         f_prev = f
         xs.append(_copy(x))
         betas_applied.append(step_betas)
-    return {"x": xs, "betas": _betas_array(betas_applied, per_layer, n), "d": d}
+        conds.append(step_conds)
+    return {
+        "x": xs,
+        "betas": _betas_array(betas_applied, per_layer, n),
+        "beta_cond": _betas_array(conds, per_layer, n),
+        "d": d,
+    }

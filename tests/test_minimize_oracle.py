@@ -80,14 +80,25 @@ def _assert_trajectories(got, want):
             np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * scale, err_msg=f"step {t}")
 
 
-def _assert_betas(got, want, x0, numerator):
+def _assert_betas(got, want, x0, numerator, cond=None):
     if not isinstance(x0, list) and want.ndim == 2:
         want = want[:, 0]
+        cond = None if cond is None else cond[:, 0]
     # The exact numerator divides the rounding error of f_prev - f by lr * |d - g|^2;
     # near convergence that amplifies ~1e-16 to ~1e-10 in beta (the iterates still
     # agree to 1e-12 because d - g is then tiny).
     atol = 1e-12 if numerator == "linear" else 1e-9
-    np.testing.assert_allclose(got, want, rtol=1e-10, atol=atol)
+    if cond is not None:
+        # |change of beta| <= delta * cond (tests/oracle.py, _adam_beta_condition) for
+        # input errors of delta times the inputs' scale. The two runs form g, d, x, p with
+        # different operation orders (SIMD widths, fused kernels) and every step's
+        # rounding is carried into d, v and x by the later steps: delta grows to about
+        # N_STEPS * eps. A one-element scope with a tiny gradient or with d close to g
+        # has a large cond, which is why one fixed tolerance held on one CPU only.
+        delta = N_STEPS * np.finfo(np.float64).eps
+        atol = np.maximum(atol, 4 * delta * np.where(np.isfinite(cond), cond, 0.0))
+    bound = atol + 1e-10 * np.abs(want)
+    np.testing.assert_array_less(np.abs(np.asarray(got) - want), bound, err_msg="beta")
 
 
 @pytest.mark.parametrize("kind", PROBLEMS)
@@ -190,7 +201,7 @@ def test_am_adam_matches_oracle(kind, method, mode, wd, lam, numerator, variant,
         _oracle_fn(prob, x0), _as_list(x0), n_steps=N_STEPS, weight_decay_mode=mode, **oracle_opts
     )
     _assert_trajectories(got, want["x"])
-    _assert_betas(betas, want["betas"], x0, numerator)
+    _assert_betas(betas, want["betas"], x0, numerator, want["beta_cond"])
 
 
 class _Recording:
