@@ -14,11 +14,31 @@ array on its own (``per_layer=True``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 from typing import Any, NamedTuple
 
 from amopt import _numpy_fast
-from amopt.backends import accumulation_dtype, array_namespace, tiny
+from amopt._config import AMConfig
+from amopt._reduce import (
+    Array,
+    acc_dtype,
+    adam_sums,
+    as_tuple,
+    momentum_sums,
+    restore,
+    row,
+    scopes,
+)
+from amopt._rule import (
+    NUMERATORS,
+    VARIANTS,
+    adam_beta,
+    adam_correction,
+    adam_weights,
+    momentum_beta,
+)
+from amopt._rule import apply_variant as _rule_variant
+from amopt.backends import array_namespace
 
 __all__ = [
     "AMState",
@@ -42,66 +62,29 @@ __all__ = [
     "WEIGHT_DECAY_MODES",
 ]
 
-Array = Any
-VARIANTS = (None, "clip", "restart")
-NUMERATORS = ("exact", "linear")
+#: Weight-decay modes of :func:`am_adam_step` (``minimize``'s ``am-adamw``).
 WEIGHT_DECAY_MODES = ("decoupled", "proximal")
 
 
-# --------------------------------------------------------------------------- helpers
+def _cfg(**kw: Any) -> AMConfig:
+    return AMConfig.cached(**kw)
 
 
-def _as_tuple(params: Any) -> tuple[tuple[Array, ...], bool]:
-    """Return ``(arrays, was_single)``."""
-    if isinstance(params, list | tuple):
-        return tuple(params), False
-    return (params,), True
+class _Bounds(NamedTuple):
+    """The rule's parameters as given, unvalidated, for the building blocks ``am_beta`` and
+    ``am_adam_beta`` (whose ``beta_max`` may exceed 1 to expose the raw ratio)."""
+
+    lam: float
+    beta_max: float
+    variant: None = None
 
 
-def _restore(arrays: tuple[Array, ...], single: bool) -> Any:
-    return arrays[0] if single else arrays
+def _copy(xp: Any, a: Array) -> Array:
+    return xp.asarray(a, copy=True)
 
 
-def _scopes(n: int, per_layer: bool) -> list[tuple[int, ...]]:
-    """Index groups forming the beta scopes."""
-    return [(i,) for i in range(n)] if per_layer else [tuple(range(n))]
-
-
-def _acc(xp: Any, arrays: Sequence[Array]) -> Any:
-    """Accumulation dtype of a scope: float64 if any array is float64, else float32."""
-    if any(a.dtype == xp.float64 for a in arrays):
-        return xp.float64
-    return accumulation_dtype(xp, arrays[0].dtype)
-
-
-def _dot(xp: Any, a: Array, b: Array, acc: Any) -> Array:
-    """``sum(a * b)`` over all coordinates, accumulated in ``acc``."""
-    if a.dtype != acc:
-        a = xp.astype(a, acc)
-    if b.dtype != acc:
-        b = xp.astype(b, acc)
-    return xp.sum(xp.reshape(a, (-1,)) * xp.reshape(b, (-1,)))
-
-
-def _scope_sum(xp: Any, pairs: Sequence[tuple[Array, Array]], acc: Any) -> Array:
-    total = _dot(xp, *pairs[0], acc)
-    for a, b in pairs[1:]:
-        total = total + _dot(xp, a, b, acc)
-    return total
-
-
-def _guarded_ratio(xp: Any, num: Array, den: Array, ref: Array, beta_max: float, acc: Any):
-    """``clip(num / den, 0, beta_max)``, and 0 when ``den <= tiny * ref`` or the ratio is NaN.
-
-    The NaN case only arises when the reductions overflow (``inf / inf``); the
-    momentum is then reset rather than letting a NaN out of the rule.
-    """
-    degenerate = den <= tiny(xp, acc) * ref
-    safe_den = xp.where(degenerate, xp.ones_like(den), den)
-    ratio = num / safe_den
-    ratio = xp.where(xp.isnan(ratio), xp.zeros_like(ratio), ratio)
-    beta = xp.clip(ratio, 0.0, float(beta_max))
-    return xp.where(degenerate, xp.zeros_like(beta), beta)
+def _to(xp: Any, a: Array, dtype: Any) -> Array:
+    return a if a.dtype == dtype else xp.astype(a, dtype)
 
 
 # --------------------------------------------------------------------------- beta rules
@@ -130,7 +113,8 @@ def am_beta(
     linearised numerator :math:`(1+\lambda)\langle g, g\rangle - \lambda\langle v, v\rangle`
     otherwise. ``beta = 0`` when :math:`\langle v,v\rangle \le \epsilon^2
     (\langle d,d\rangle + \langle g,g\rangle)` (this covers ``d = g`` and
-    ``d = g = 0``); a NaN never comes out.
+    ``d = g = 0``); a NaN never comes out. This is :func:`amopt._reduce.momentum_sums`
+    followed by the one rule, :func:`amopt._rule.momentum_beta`.
 
     Parameters
     ----------
@@ -158,30 +142,14 @@ def am_beta(
     >>> float(am_beta(g, d))  # <g,g> / ||d-g||^2
     0.5
     """
-    gs, _ = _as_tuple(g)
-    ds, _ = _as_tuple(d)
+    gs, _ = as_tuple(g)
+    ds, _ = as_tuple(d)
     xp = array_namespace(*gs, *ds)
-    return _am_beta(xp, gs, ds, lam, beta_max, lr, f_decrease)
-
-
-def _am_beta(xp, gs, ds, lam, beta_max, lr, f_decrease):
-    acc = _acc(xp, gs)
-    # Half-precision inputs: form d - g in the accumulation dtype too, or it can overflow.
-    gs = [g if g.dtype == acc else xp.astype(g, acc) for g in gs]
-    ds = [d if d.dtype == acc else xp.astype(d, acc) for d in ds]
-    vs = [dd - gg for dd, gg in zip(ds, gs, strict=True)]
-    den = _scope_sum(xp, [(v, v) for v in vs], acc)
-    gg = _scope_sum(xp, [(g, g) for g in gs], acc)
-    dd = _scope_sum(xp, [(d, d) for d in ds], acc)
-    if f_decrease is None:
-        num = (1.0 + lam) * gg - lam * den
-    else:
-        vg = _scope_sum(xp, [(v, g) for v, g in zip(vs, gs, strict=True)], acc)
-        vd = _scope_sum(xp, [(v, d) for v, d in zip(vs, ds, strict=True)], acc)
-        num = f_decrease * (1.0 + lam) / lr - (vg + lam * vd)
-        if num.dtype != acc:  # a float64 f_decrease must not promote a float32 scope
-            num = xp.astype(num, acc)
-    return _guarded_ratio(xp, num, den, dd + gg, beta_max, acc)
+    cfg = _Bounds(float(lam), float(beta_max))
+    exact = f_decrease is not None
+    sums, _ = momentum_sums(xp, gs, ds, [tuple(range(len(gs)))], exact=exact)
+    beta, _ = momentum_beta(xp, row(sums, 0), cfg, lr=lr, f_decrease=f_decrease)
+    return beta
 
 
 def apply_variant(
@@ -197,7 +165,7 @@ def apply_variant(
 
     ``"clip"``: :math:`\max(\beta_{AM}, \beta_{\min})`;
     ``"restart"``: :math:`\beta_{high}` if :math:`\beta_{AM} \ge \theta` else :math:`\beta_{low}`;
-    ``None``: :math:`\beta_{AM}` unchanged.
+    ``None``: :math:`\beta_{AM}` unchanged. (:func:`amopt._rule.apply_variant`.)
 
     Examples
     --------
@@ -206,31 +174,24 @@ def apply_variant(
     >>> float(apply_variant(np.asarray(0.75), "restart"))
     0.9
     """
-    return _apply_variant(
-        array_namespace(beta), beta, variant, beta_min, theta, beta_high, beta_low
+    cfg = _cfg(
+        variant=variant, beta_min=beta_min, theta=theta, beta_high=beta_high, beta_low=beta_low
     )
-
-
-def _apply_variant(xp, beta, variant, beta_min, theta, beta_high, beta_low):
-    if variant is None:
-        return beta
-    if variant == "clip":
-        return xp.clip(beta, float(beta_min), None)
-    if variant == "restart":
-        high = xp.full_like(beta, float(beta_high))
-        low = xp.full_like(beta, float(beta_low))
-        return xp.where(beta >= theta, high, low)
-    raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+    return _rule_variant(array_namespace(beta), beta, cfg)
 
 
 # --------------------------------------------------------------------------- GD / heavy ball
 
 
 class HeavyBallState(NamedTuple):
-    """State of the damped heavy ball: step count and momentum buffer ``d``."""
+    """State of the damped heavy ball: steps taken and the momentum buffer ``d``.
+
+    ``d`` holds zeros before the first step (which sets ``d = g``): the state has the
+    same structure at every step.
+    """
 
     step: int
-    d: tuple[Array, ...] | None
+    d: tuple[Array, ...]
 
 
 def _couple(xp, gs, xs, weight_decay):
@@ -249,16 +210,18 @@ def gd_step(params: Any, grads: Any, *, lr: float, weight_decay: float = 0.0) ->
     >>> gd_step(np.array([1.0]), np.array([2.0]), lr=0.1)
     array([0.8])
     """
-    xs, single = _as_tuple(params)
-    gs, _ = _as_tuple(grads)
+    xs, single = as_tuple(params)
+    gs, _ = as_tuple(grads)
     xp = array_namespace(*xs, *gs)
     gs = _couple(xp, gs, xs, weight_decay)
-    return _restore(tuple(x - lr * g for x, g in zip(xs, gs, strict=True)), single)
+    return restore(tuple(x - lr * g for x, g in zip(xs, gs, strict=True)), single)
 
 
 def heavy_ball_init(params: Any) -> HeavyBallState:
-    """Initial state: no buffer yet (step 0 sets ``d = g``)."""
-    return HeavyBallState(step=0, d=None)
+    """Initial state: zero buffers and ``step = 0`` (step 0 sets ``d = g``)."""
+    xs, _ = as_tuple(params)
+    xp = array_namespace(*xs)
+    return HeavyBallState(step=0, d=tuple(xp.zeros_like(x) for x in xs))
 
 
 def heavy_ball_step(
@@ -278,7 +241,8 @@ def heavy_ball_step(
         x_{t+1} = x_t - \eta\, d_{t+1}
 
     This is ``torch.optim.SGD(momentum=beta, dampening=beta)`` except that torch
-    skips the dampening on its first step.
+    skips the dampening on its first step. The new state owns its arrays: it never
+    holds the caller's gradient arrays.
 
     Examples
     --------
@@ -289,37 +253,40 @@ def heavy_ball_step(
     >>> x
     array([0.5])
     """
-    xs, single = _as_tuple(params)
-    gs, _ = _as_tuple(grads)
+    xs, single = as_tuple(params)
+    gs, _ = as_tuple(grads)
     xp = array_namespace(*xs, *gs)
     gs = _couple(xp, gs, xs, weight_decay)
-    if state.d is None:
-        ds = gs
+    if state.step == 0:
+        ds = tuple(_copy(xp, g) for g in gs)
     else:
         ds = tuple(beta * d + (1.0 - beta) * g for d, g in zip(state.d, gs, strict=True))
     new_x = tuple(x - lr * d for x, d in zip(xs, ds, strict=True))
-    return _restore(new_x, single), HeavyBallState(step=state.step + 1, d=ds)
+    return restore(new_x, single), HeavyBallState(step=state.step + 1, d=ds)
 
 
 # --------------------------------------------------------------------------- AM-MGD / AM-MSGD
 
 
 class AMState(NamedTuple):
-    """State of AM-MGD / AM-MSGD.
+    """State of AM-MGD / AM-MSGD; the same structure at every step.
 
     Attributes
     ----------
     step : int
         Steps taken so far.
-    d : tuple of arrays or None
-        Momentum buffer; ``None`` before step 0 (which then sets ``d = g``).
-    f_prev : scalar or None
-        :math:`f(x_{t-1})`, for the exact numerator.
+    d : tuple of arrays
+        Momentum buffer (zeros before step 0 unless given).
+    f_prev : float
+        :math:`f(x_{t-1})` for the exact numerator; NaN until an f value is known.
+    d_from_g : bool
+        Whether step 0 sets ``d = g`` (the default) instead of using ``d`` as given.
     """
 
     step: int
-    d: tuple[Array, ...] | None
-    f_prev: Any
+    d: tuple[Array, ...]
+    f_prev: Any = math.nan
+    d_from_g: bool = True
 
 
 def am_momentum_init(params: Any, d0: Any = None) -> AMState:
@@ -327,10 +294,21 @@ def am_momentum_init(params: Any, d0: Any = None) -> AMState:
 
     ``d0`` (e.g. zeros, as in the theory of Section 3.5) replaces ``d_0 = g_0``.
     """
+    xs, _ = as_tuple(params)
+    xp = array_namespace(*xs)
     if d0 is None:
-        return AMState(step=0, d=None, f_prev=None)
-    ds, _ = _as_tuple(d0)
-    return AMState(step=0, d=ds, f_prev=None)
+        return AMState(0, tuple(xp.zeros_like(x) for x in xs), math.nan, True)
+    ds, _ = as_tuple(d0)
+    return AMState(0, tuple(ds), math.nan, False)
+
+
+def _f_decrease(numerator: str, f: Any, f_prev: Any) -> Any:
+    """``f_prev - f`` for the exact numerator once both are known, else None (linear)."""
+    if numerator != "exact" or f is None:
+        return None
+    if isinstance(f_prev, float) and math.isnan(f_prev):
+        return None
+    return f_prev - f
 
 
 def am_momentum_step(
@@ -350,6 +328,7 @@ def am_momentum_step(
     theta: float = 0.7,
     beta_high: float = 0.9,
     beta_low: float = 0.1,
+    config: AMConfig | None = None,
 ) -> tuple[Any, AMState, Any]:
     r"""One step of AM-MGD (exact numerator) or AM-MSGD (linearised numerator).
 
@@ -384,6 +363,9 @@ def am_momentum_step(
         scope's numerator, as algorithms.md writes it.
     variant, beta_min, theta, beta_high, beta_low
         See :func:`apply_variant`.
+    config : AMConfig, optional
+        The rule's configuration, built once by the caller; it replaces ``lam``,
+        ``beta_max``, ``numerator``, ``per_layer`` and the variant arguments.
 
     Returns
     -------
@@ -404,54 +386,54 @@ def am_momentum_step(
     >>> float(beta), x.tolist()
     (0.25, [-0.375, -0.125])
     """
-    xs, single = _as_tuple(params)
-    gs, _ = _as_tuple(grads)
-    f_decrease = None
-    if numerator == "exact" and f is not None and state.f_prev is not None:
-        f_decrease = state.f_prev - f
-
-    if _numpy_fast.eligible(xs, gs, () if state.d is None else state.d):
-        # Plain NumPy arrays: the same rule with fewer passes over memory and no array-API
-        # dispatch (see amopt._numpy_fast); no caller array is modified there either.
-        if weight_decay != 0:
-            gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
-        ds = gs if state.d is None else state.d
-        new_x, new_ds, betas = _numpy_fast.am_momentum_step_numpy(
-            xs,
-            gs,
-            ds,
-            per_layer,
-            lr=lr,
+    if config is None:
+        config = _cfg(
             lam=lam,
             beta_max=beta_max,
-            f_decrease=f_decrease,
+            numerator=numerator,
+            per_layer=per_layer,
             variant=variant,
             beta_min=beta_min,
             theta=theta,
             beta_high=beta_high,
             beta_low=beta_low,
         )
-        new_state = AMState(step=state.step + 1, d=new_ds, f_prev=f)
-        return _restore(new_x, single), new_state, (tuple(betas) if per_layer else betas[0])
+    xs, single = as_tuple(params)
+    gs, _ = as_tuple(grads)
+    f_decrease = _f_decrease(config.numerator, f, state.f_prev)
+    first = state.step == 0 and state.d_from_g
+    f_next = math.nan if f is None else f
+
+    if _numpy_fast.eligible(xs, gs, state.d):
+        # Plain NumPy arrays: the same reduce -> rule -> apply with fewer passes over
+        # memory and no array-API dispatch (see amopt._numpy_fast); no caller array is
+        # modified there either.
+        if weight_decay != 0:
+            gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
+        ds = gs if first else state.d
+        new_x, new_ds, betas = _numpy_fast.am_momentum_step_numpy(
+            xs, gs, ds, config, lr=lr, f_decrease=f_decrease
+        )
+        new_state = AMState(state.step + 1, new_ds, f_next, state.d_from_g)
+        return restore(new_x, single), new_state, (tuple(betas) if config.per_layer else betas[0])
 
     xp = array_namespace(*xs, *gs)
     gs = _couple(xp, gs, xs, weight_decay)
-    ds = gs if state.d is None else state.d
+    ds = gs if first else state.d
+    scope_list = scopes(len(xs), config.per_layer)
+    sums, vs = momentum_sums(xp, gs, ds, scope_list, exact=f_decrease is not None)
     new_d: list[Array] = list(ds)
     betas = []
-    for scope in _scopes(len(xs), per_layer):
-        g_s = [gs[i] for i in scope]
-        d_s = [ds[i] for i in scope]
-        beta = _am_beta(xp, g_s, d_s, lam, beta_max, lr, f_decrease)
-        beta = _apply_variant(xp, beta, variant, beta_min, theta, beta_high, beta_low)
+    for k, scope in enumerate(scope_list):
+        beta, gamma = momentum_beta(xp, row(sums, k), config, lr=lr, f_decrease=f_decrease)
         for i in scope:
-            coef = xp.astype((beta + lam) / (1.0 + lam), gs[i].dtype)
+            coef = _to(xp, gamma, gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
             new_d[i] = gs[i] + coef * (ds[i] - gs[i])
         betas.append(beta)
     new_x = tuple(x - lr * d for x, d in zip(xs, new_d, strict=True))
-    new_state = AMState(step=state.step + 1, d=tuple(new_d), f_prev=f)
-    return _restore(new_x, single), new_state, (tuple(betas) if per_layer else betas[0])
+    new_state = AMState(state.step + 1, tuple(new_d), f_next, state.d_from_g)
+    return restore(new_x, single), new_state, (tuple(betas) if config.per_layer else betas[0])
 
 
 # --------------------------------------------------------------------------- Adam / AdamW
@@ -467,10 +449,19 @@ class AdamState(NamedTuple):
 
 def adam_init(params: Any) -> AdamState:
     """Zero moment estimates, as ``torch.optim.Adam``."""
-    xs, _ = _as_tuple(params)
+    xs, _ = as_tuple(params)
     xp = array_namespace(*xs)
     zeros = tuple(xp.zeros_like(x) for x in xs)
     return AdamState(step=0, exp_avg=zeros, exp_avg_sq=zeros)
+
+
+def _widen(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
+    """``arrays`` in the accumulation dtype of each array of ``like`` (half -> float32)."""
+    return tuple(_to(xp, a, acc_dtype(xp, [b])) for a, b in zip(arrays, like, strict=True))
+
+
+def _narrow(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
+    return tuple(_to(xp, a, b.dtype) for a, b in zip(arrays, like, strict=True))
 
 
 def adam_step(
@@ -493,6 +484,9 @@ def adam_step(
         x_t = x_{t-1} - \frac{\eta}{1-\beta_1^t}
               \frac{m_t}{\sqrt{v_t}/\sqrt{1-\beta_2^t} + \epsilon}
 
+    Half-precision arrays are computed in float32 and stored back in their dtype, as
+    torch does: :math:`g^2` and :math:`v / (1-\beta_2^t)` would overflow float16.
+
     Examples
     --------
     >>> import numpy as np
@@ -502,19 +496,19 @@ def adam_step(
     >>> np.round(x, 6).tolist()
     [0.9, -0.9]
     """
-    xs, single = _as_tuple(params)
-    gs, _ = _as_tuple(grads)
-    xp = array_namespace(*xs, *gs)
+    xs0, single = as_tuple(params)
+    gs, _ = as_tuple(grads)
+    xp = array_namespace(*xs0, *gs)
+    xs, gs = _widen(xp, xs0, xs0), _widen(xp, gs, xs0)
+    ms, vs = _widen(xp, state.exp_avg, xs0), _widen(xp, state.exp_avg_sq, xs0)
     beta1, beta2 = betas
     t = state.step + 1
     if decoupled:
         xs = tuple(x * (1.0 - lr * weight_decay) for x in xs)
     else:
         gs = _couple(xp, gs, xs, weight_decay)
-    ms = tuple(beta1 * m + (1.0 - beta1) * g for m, g in zip(state.exp_avg, gs, strict=True))
-    vs = tuple(
-        beta2 * v + (1.0 - beta2) * (g * g) for v, g in zip(state.exp_avg_sq, gs, strict=True)
-    )
+    ms = tuple(beta1 * m + (1.0 - beta1) * g for m, g in zip(ms, gs, strict=True))
+    vs = tuple(beta2 * v + (1.0 - beta2) * (g * g) for v, g in zip(vs, gs, strict=True))
     bias1 = 1.0 - beta1**t
     bias2_sqrt = (1.0 - beta2**t) ** 0.5
     step_size = lr / bias1
@@ -522,37 +516,42 @@ def adam_step(
         x - step_size * (m / (xp.sqrt(v) / bias2_sqrt + eps))
         for x, m, v in zip(xs, ms, vs, strict=True)
     )
-    return _restore(new_x, single), AdamState(step=t, exp_avg=ms, exp_avg_sq=vs)
+    new_state = AdamState(t, _narrow(xp, ms, xs0), _narrow(xp, vs, xs0))
+    return restore(_narrow(xp, new_x, xs0), single), new_state
 
 
 # --------------------------------------------------------------------------- AM-Adam / AM-AdamW
 
 
 class AMAdamState(NamedTuple):
-    """State of AM-Adam / AM-AdamW.
+    """State of AM-Adam / AM-AdamW; the same structure at every step.
 
     Attributes
     ----------
     step : int
     exp_avg, exp_avg_sq : tuple of arrays
         :math:`d` and :math:`v` per array (start at 0).
-    beta1_prod : tuple of 0-d arrays or None
-        Running product of the applied betas, one per beta scope (starts at 1).
-    f_prev : scalar or None
-        Previous objective value, for the exact numerator.
+    beta1_prod : tuple of 0-d arrays
+        Per array, the running product of the betas applied to its scope (starts at
+        1, in the accumulation dtype); the arrays of a global scope hold equal values.
+    f_prev : float
+        Previous objective value, for the exact numerator; NaN until known.
     """
 
     step: int
     exp_avg: tuple[Array, ...]
     exp_avg_sq: tuple[Array, ...]
-    beta1_prod: tuple[Array, ...] | None
-    f_prev: Any
+    beta1_prod: tuple[Array, ...]
+    f_prev: Any = math.nan
 
 
 def am_adam_init(params: Any) -> AMAdamState:
-    """Zero moment estimates; ``beta1_prod`` is created (as ones) on the first step."""
+    """Zero moment estimates and products of one."""
+    xs, _ = as_tuple(params)
+    xp = array_namespace(*xs)
     base = adam_init(params)
-    return AMAdamState(0, base.exp_avg, base.exp_avg_sq, None, None)
+    prods = tuple(xp.ones((), dtype=acc_dtype(xp, [x])) for x in xs)
+    return AMAdamState(0, base.exp_avg, base.exp_avg_sq, prods, math.nan)
 
 
 def am_adam_beta(
@@ -580,7 +579,9 @@ def am_adam_beta(
 
     or, with ``f_decrease`` (:math:`f_{prev} - f`), the exact
     :math:`N = (1+\mu\eta)(f_{prev}-f)/\eta - \sum w (d-g)(g+\lambda p d) - \mu \sum x(d-g)`.
-    ``beta = 0`` when :math:`D \le \epsilon^2 (\sum w d^2 + \sum w g^2)`.
+    ``beta = 0`` when :math:`D \le \epsilon^2 (\sum w d^2 + \sum w g^2)`. This is
+    :func:`amopt._reduce.adam_sums` followed by the one rule,
+    :func:`amopt._rule.adam_beta`.
 
     Examples
     --------
@@ -590,41 +591,20 @@ def am_adam_beta(
     >>> float(am_adam_beta(g, 0 * g, 0 * g, p, lr=1e-3, lam=0.0, beta_max=0.9))
     0.9
     """
-    gs, _ = _as_tuple(g)
-    ds, _ = _as_tuple(d)
-    xs, _ = _as_tuple(x)
-    ps, _ = _as_tuple(p)
+    gs, _ = as_tuple(g)
+    ds, _ = as_tuple(d)
+    xs, _ = as_tuple(x)
+    ps, _ = as_tuple(p)
     xp = array_namespace(*gs, *ds, *xs, *ps)
-    return _am_adam_beta(xp, gs, ds, xs, ps, lr, lam, beta_max, weight_decay, f_decrease)
-
-
-def _am_adam_beta(xp, gs, ds, xs, ps, lr, lam, beta_max, wd, f_decrease):
-    acc = _acc(xp, gs)
-    num = den = ref = None
-    for g, d, x, p in zip(gs, ds, xs, ps, strict=True):
-        g, d, x, p = (a if a.dtype == acc else xp.astype(a, acc) for a in (g, d, x, p))
-        u = 1.0 / (1.0 + lam * p)
-        w = u / p
-        v = d - g
-        if f_decrease is None:
-            terms = g * g / p - lam * u * v * v
-            if wd != 0:
-                terms = terms + wd * lr * g * d / p + wd * (2.0 + wd * lr) * g * x - wd * d * x
-        else:
-            terms = -w * v * (g + lam * p * d)
-            if wd != 0:
-                terms = terms - wd * x * v
-        n_k = xp.sum(terms)
-        d_k = xp.sum(w * v * v)
-        r_k = xp.sum(w * d * d) + xp.sum(w * g * g)
-        num = n_k if num is None else num + n_k
-        den = d_k if den is None else den + d_k
-        ref = r_k if ref is None else ref + r_k
-    if f_decrease is not None:
-        num = num + (1.0 + wd * lr) * f_decrease / lr
-        if num.dtype != acc:
-            num = xp.astype(num, acc)
-    return _guarded_ratio(xp, num, den, ref, beta_max, acc)
+    cfg = _Bounds(float(lam), float(beta_max))
+    exact = f_decrease is not None
+    weights = adam_weights(cfg, lr=lr, weight_decay=weight_decay, exact=exact)
+    sums = adam_sums(
+        xp, gs, ds, xs, ps, [tuple(range(len(gs)))], lam=cfg.lam, weights=weights, exact=exact
+    )
+    return adam_beta(
+        xp, row(sums, 0), cfg, lr=lr, weight_decay=weight_decay, f_decrease=f_decrease
+    )
 
 
 def am_adam_step(
@@ -646,6 +626,7 @@ def am_adam_step(
     theta: float = 0.7,
     beta_high: float = 0.9,
     beta_low: float = 0.1,
+    config: AMConfig | None = None,
 ) -> tuple[Any, AMAdamState, Any]:
     r"""One step of AM-AdamW (decoupled or proximal weight decay); AM-Adam with ``weight_decay=0``.
 
@@ -657,6 +638,8 @@ def am_adam_step(
         d = g + \frac{\beta_t + \lambda p}{1 + \lambda p}(d - g) \\
         x &= (1 - \eta\mu) x - \eta\, d / p \quad\text{(decoupled)}, \qquad
         x = (x - \eta\, d/p) / (1 + \eta\mu) \quad\text{(proximal)}
+
+    Half-precision arrays are computed in float32 and stored back in their dtype.
 
     Parameters
     ----------
@@ -675,6 +658,10 @@ def am_adam_step(
         One beta per array (default, the paper's LLM setting) or one over all.
     variant, beta_min, theta, beta_high, beta_low
         See :func:`apply_variant`.
+    config : AMConfig, optional
+        The rule's configuration built once by the caller (``beta_max`` is
+        :math:`\beta_{1,\max}`); it replaces ``betas[0]``, ``lam``, ``numerator``,
+        ``per_layer`` and the variant arguments.
 
     Returns
     -------
@@ -690,55 +677,62 @@ def am_adam_step(
     >>> float(beta)
     0.9
     """
-    xs, single = _as_tuple(params)
-    gs, _ = _as_tuple(grads)
-    xp = array_namespace(*xs, *gs)
-    beta1_max, beta2 = betas
+    if config is None:
+        config = _cfg(
+            lam=lam,
+            beta_max=betas[0],
+            numerator=numerator,
+            per_layer=per_layer,
+            variant=variant,
+            beta_min=beta_min,
+            theta=theta,
+            beta_high=beta_high,
+            beta_low=beta_low,
+        )
+    xs0, single = as_tuple(params)
+    gs, _ = as_tuple(grads)
+    xp = array_namespace(*xs0, *gs)
+    xs, gs = _widen(xp, xs0, xs0), _widen(xp, gs, xs0)
+    ds, vs = _widen(xp, state.exp_avg, xs0), _widen(xp, state.exp_avg_sq, xs0)
+    beta2 = betas[1]
     t = state.step + 1
     wd = weight_decay
-    scopes = _scopes(len(xs), per_layer)
-    prods = state.beta1_prod
-    if prods is None:
-        prods = tuple(xp.ones((), dtype=_acc(xp, [gs[i] for i in s])) for s in scopes)
-    f_decrease = None
-    if numerator == "exact" and f is not None and state.f_prev is not None:
-        f_decrease = state.f_prev - f
+    lam = config.lam
+    scope_list = scopes(len(xs), config.per_layer)
+    f_decrease = _f_decrease(config.numerator, f, state.f_prev)
+    exact = f_decrease is not None
 
-    vs = tuple(
-        beta2 * v + (1.0 - beta2) * (g * g) for v, g in zip(state.exp_avg_sq, gs, strict=True)
-    )
+    vs = tuple(beta2 * v + (1.0 - beta2) * (g * g) for v, g in zip(vs, gs, strict=True))
     bias2 = 1.0 - beta2**t
-    new_d = list(state.exp_avg)
-    new_x = list(xs)
-    new_prods = []
+    ps: list[Array] = [None] * len(xs)  # type: ignore[list-item]
+    prods = []
+    for scope in scope_list:
+        prod = state.beta1_prod[scope[0]]
+        c = adam_correction(prod, config)
+        for i in scope:
+            ps[i] = _to(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
+        prods.append(prod)
+    weights = adam_weights(config, lr=lr, weight_decay=wd, exact=exact)
+    sums = adam_sums(xp, gs, ds, xs, ps, scope_list, lam=lam, weights=weights, exact=exact)
+    new_d, new_x = list(ds), list(xs)
+    new_prods: list[Array] = list(state.beta1_prod)
     betas_out = []
-    for scope, prod in zip(scopes, prods, strict=True):
-        c = 1.0 - beta1_max * prod
-        p_s = [xp.astype(c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2)) for i in scope]
-        beta = _am_adam_beta(
-            xp,
-            [gs[i] for i in scope],
-            [state.exp_avg[i] for i in scope],
-            [xs[i] for i in scope],
-            p_s,
-            lr,
-            lam,
-            beta1_max,
-            wd,
-            f_decrease,
-        )
-        beta = _apply_variant(xp, beta, variant, beta_min, theta, beta_high, beta_low)
-        for i, p in zip(scope, p_s, strict=True):
-            g, d, x = gs[i], state.exp_avg[i], xs[i]
-            b = xp.astype(beta, g.dtype)
+    for k, scope in enumerate(scope_list):
+        beta = adam_beta(xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease)
+        for i in scope:
+            g, d, x, p = gs[i], ds[i], xs[i], ps[i]
+            b = _to(xp, beta, g.dtype)
             d = g + (b + lam * p) / (1.0 + lam * p) * (d - g)
             if weight_decay_mode == "proximal":
                 x = (x - lr * d / p) / (1.0 + lr * wd)
             else:
                 x = (1.0 - lr * wd) * x - lr * d / p
             new_d[i], new_x[i] = d, x
-        new_prods.append(prod * beta)
+            new_prods[i] = prods[k] * beta
         betas_out.append(beta)
-    new_state = AMAdamState(t, tuple(new_d), vs, tuple(new_prods), f)
-    beta_ret = tuple(betas_out) if per_layer else betas_out[0]
-    return _restore(tuple(new_x), single), new_state, beta_ret
+    f_next = math.nan if f is None else f
+    new_state = AMAdamState(
+        t, _narrow(xp, tuple(new_d), xs0), _narrow(xp, vs, xs0), tuple(new_prods), f_next
+    )
+    beta_ret = tuple(betas_out) if config.per_layer else betas_out[0]
+    return restore(_narrow(xp, tuple(new_x), xs0), single), new_state, beta_ret

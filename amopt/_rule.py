@@ -1,0 +1,215 @@
+r"""The Adaptive Memory rules, once: per-scope sums -> beta.
+
+Every AM method is three stages (``docs/architecture.md``):
+
+1. **reduce**: a kernel forms, for each beta scope, the few sums the rule needs
+   (:mod:`amopt._reduce` for the array-API core; NumPy, torch, C and Triton
+   kernels elsewhere), stacked in one small array, accumulated in at least float32;
+2. **rule** (this module): pure functions of those sums and a frozen
+   configuration that return beta (and the coefficient of the momentum update);
+3. **apply**: a kernel updates the momentum and the parameters.
+
+The functions here are branch-free on array values (no ``if`` on an array, no
+conversion to a Python number): they run on NumPy, CuPy, torch (inside
+``torch.compile`` and on the device) and array-api-strict alike. ``xp`` is the
+array namespace of ``sums``: a compat namespace, ``array_api_strict`` or the
+plain ``torch`` module. Configuration values (``cfg``) are Python numbers.
+
+Sums of one scope sit in the last axis of ``sums``, in the order of
+:data:`MOMENTUM_SUMS` or :data:`ADAM_SUMS`; leading axes index scopes, so one
+call evaluates every scope of a step. Between reduce and rule the sums of a
+sharded scope are added across the ranks that hold its pieces (the sums are
+additive by construction).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ADAM_SUMS",
+    "ADAM_TERMS",
+    "ADAM_EXACT_TERMS",
+    "MOMENTUM_SUMS",
+    "NUMERATORS",
+    "VARIANTS",
+    "WEIGHT_DECAY_MODES",
+    "adam_beta",
+    "adam_correction",
+    "adam_weights",
+    "apply_variant",
+    "guarded_ratio",
+    "momentum_beta",
+]
+
+Array = Any
+
+VARIANTS = (None, "clip", "restart")
+NUMERATORS = ("exact", "linear")
+#: ``"l2"``: AM-Adam, the decay is an L2 gradient term and the rule sees ``wd = 0``.
+WEIGHT_DECAY_MODES = ("decoupled", "proximal", "l2")
+
+#: AM-MGD / AM-MSGD sums of a scope, with ``v = d - g``: ``<v,v>, <g,g>, <d,d>, <v,g>,
+#: <v,d>``. The last two are needed by the exact numerator only.
+MOMENTUM_SUMS = ("vv", "gg", "dd", "vg", "vd")
+#: AM-Adam(W) sums of a scope: the weighted numerator ``sum_k a_k sum(term_k)`` (weights
+#: from :func:`adam_weights`), ``D = sum(w (d-g)^2)`` and ``ref = sum(w d^2) + sum(w g^2)``.
+ADAM_SUMS = ("num", "den", "ref")
+#: Elementwise terms of the linearised AM-Adam numerator, ``u = 1/(1+lam p)``, ``w = u/p``.
+ADAM_TERMS = ("g*g/p", "u*(d-g)^2", "g*d/p", "g*x", "d*x")
+#: Elementwise terms of the exact AM-Adam numerator (the f values enter in the rule).
+ADAM_EXACT_TERMS = ("w*(d-g)*g", "u*(d-g)*d", "x*(d-g)")
+
+
+def _cast(xp: Any, a: Array, dtype: Any) -> Array:
+    if a.dtype == dtype:
+        return a
+    astype = getattr(xp, "astype", None)
+    return astype(a, dtype) if astype is not None else a.to(dtype)
+
+
+def guarded_ratio(xp: Any, num: Array, den: Array, ref: Array, beta_max: float) -> Array:
+    r"""``clip(num / den, 0, beta_max)``; 0 where ``den <= tiny * ref`` or the ratio is NaN.
+
+    ``tiny = eps(dtype)^2`` of the sums' dtype (algorithms.md, section 2 step 4). A NaN
+    only arises from overflowing sums (``inf / inf``); the momentum is then reset
+    rather than letting a NaN out of the rule.
+    """
+    tiny = float(xp.finfo(den.dtype).eps) ** 2
+    degenerate = den <= tiny * ref
+    safe_den = xp.where(degenerate, xp.ones_like(den), den)
+    ratio = num / safe_den
+    ratio = xp.where(xp.isnan(ratio), xp.zeros_like(ratio), ratio)
+    beta = xp.clip(ratio, 0.0, float(beta_max))
+    return xp.where(degenerate, xp.zeros_like(beta), beta)
+
+
+def apply_variant(xp: Any, beta: Array, cfg: Any) -> Array:
+    r"""The variants of the paper's "what matters when adapting beta" (algorithms.md, 4).
+
+    ``"clip"``: :math:`\max(\beta, \beta_{\min})`; ``"restart"``: :math:`\beta_{high}`
+    if :math:`\beta \ge \theta` else :math:`\beta_{low}`; ``None``: unchanged. ``cfg``
+    has the attributes ``variant``, ``beta_min``, ``theta``, ``beta_high``, ``beta_low``.
+    """
+    variant = cfg.variant
+    if variant is None:
+        return beta
+    if variant == "clip":
+        return xp.clip(beta, float(cfg.beta_min), None)
+    if variant == "restart":
+        high = xp.full_like(beta, float(cfg.beta_high))
+        low = xp.full_like(beta, float(cfg.beta_low))
+        return xp.where(beta >= cfg.theta, high, low)
+    raise ValueError(f"variant must be one of {VARIANTS}; got variant={variant!r}")
+
+
+def momentum_beta(
+    xp: Any,
+    sums: Array,
+    cfg: Any,
+    *,
+    lr: float | None = None,
+    f_decrease: Any = None,
+) -> tuple[Array, Array]:
+    r"""AM-MGD / AM-MSGD: ``(beta, gamma)`` of each scope from its sums.
+
+    With :math:`v = d - g` and the sums :data:`MOMENTUM_SUMS`,
+
+    .. math::
+
+        \text{num} = \begin{cases}
+            (f_{prev} - f)(1+\lambda)/\eta - (\langle v,g\rangle + \lambda\langle v,d\rangle)
+                & \text{exact (``f_decrease`` given)} \\
+            (1+\lambda)\langle g,g\rangle - \lambda\langle v,v\rangle & \text{linearised}
+        \end{cases} \\
+        \beta = \operatorname{clip}(\text{num} / \langle v,v\rangle, 0, \beta_{\max}),
+        \qquad \gamma = \frac{\beta + \lambda}{1 + \lambda},
+
+    with :math:`\beta = 0` when :math:`\langle v,v\rangle \le \epsilon^2(\langle d,d\rangle
+    + \langle g,g\rangle)`, then the variant of ``cfg``. The update is
+    :math:`d \leftarrow g + \gamma (d - g)`.
+
+    Parameters
+    ----------
+    xp : namespace
+    sums : array, shape (..., 3) or (..., 5)
+        :data:`MOMENTUM_SUMS` of each scope (``vg``, ``vd`` only with ``f_decrease``).
+    cfg : AMConfig
+        ``lam``, ``beta_max`` and the variant.
+    lr : float, optional
+        :math:`\eta`, with ``f_decrease``.
+    f_decrease : scalar, optional
+        :math:`f(x_{t-1}) - f(x_t)`: the exact numerator.
+
+    Returns
+    -------
+    beta, gamma : arrays of shape ``sums.shape[:-1]``, in the dtype of ``sums``
+    """
+    lam = float(cfg.lam)
+    vv, gg, dd = sums[..., 0], sums[..., 1], sums[..., 2]
+    if f_decrease is None:
+        num = (1.0 + lam) * gg - lam * vv
+    else:
+        num = f_decrease * (1.0 + lam) / lr - (sums[..., 3] + lam * sums[..., 4])
+        # a float64 f_decrease must not promote a float32 scope
+        num = _cast(xp, num, sums.dtype)
+    beta = apply_variant(xp, guarded_ratio(xp, num, vv, dd + gg, cfg.beta_max), cfg)
+    return beta, (beta + lam) / (1.0 + lam)
+
+
+def adam_weights(
+    cfg: Any, *, lr: float, weight_decay: float, exact: bool = False
+) -> tuple[float, ...]:
+    r"""Weights :math:`a_k` of the AM-Adam(W) numerator's elementwise terms.
+
+    The reduce kernels accumulate :math:`\sum_k a_k\, \text{term}_k` over a scope, with
+    the terms :data:`ADAM_TERMS` (linearised) or :data:`ADAM_EXACT_TERMS` (exact; the
+    f values are added by :func:`adam_beta`): algorithms.md section 3, step 4,
+
+    .. math::
+
+        N = \textstyle\sum \frac{g^2}{p} - \lambda u (d-g)^2 + \mu\eta\frac{g d}{p}
+            + \mu(2+\mu\eta) g x - \mu d x,
+        \qquad N_{exact} = (1+\mu\eta)\frac{f_{prev}-f}{\eta}
+            - \sum w(d-g)g - \lambda \sum u (d-g) d - \mu \sum x(d-g).
+
+    A zero weight means the term may be skipped.
+    """
+    lam, wd = float(cfg.lam), float(weight_decay)
+    if exact:
+        return (-1.0, -lam, -wd)
+    return (1.0, -lam, wd * lr, wd * (2.0 + wd * lr), -wd)
+
+
+def adam_correction(prod: Array, cfg: Any) -> Array:
+    r"""Bias correction :math:`c = 1 - \beta_{1,\max} \prod_{s<t} \beta_s` of each scope."""
+    return 1.0 - float(cfg.beta_max) * prod
+
+
+def adam_beta(
+    xp: Any,
+    sums: Array,
+    cfg: Any,
+    *,
+    lr: float | None = None,
+    weight_decay: float = 0.0,
+    f_decrease: Any = None,
+) -> Array:
+    r"""AM-Adam(W): beta of each scope from its sums :data:`ADAM_SUMS`.
+
+    .. math::
+
+        \beta = \operatorname{clip}(N / D, 0, \beta_{1,\max}),
+
+    0 when :math:`D \le \epsilon^2 (\sum w d^2 + \sum w g^2)`, then the variant. ``N``
+    is ``sums[..., 0]`` (weighted by :func:`adam_weights`), plus
+    :math:`(1+\mu\eta)(f_{prev}-f)/\eta` for the exact numerator (``f_decrease``).
+    The momentum update is :math:`d \leftarrow g + \frac{\beta + \lambda p}{1 +
+    \lambda p}(d - g)` (elementwise, in the apply kernel) and the running product
+    :math:`\pi \leftarrow \pi\beta`.
+    """
+    num, den, ref = sums[..., 0], sums[..., 1], sums[..., 2]
+    if f_decrease is not None:
+        num = num + (1.0 + weight_decay * lr) * f_decrease / lr
+        num = _cast(xp, num, sums.dtype)
+    return apply_variant(xp, guarded_ratio(xp, num, den, ref, cfg.beta_max), cfg)
