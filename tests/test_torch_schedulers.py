@@ -183,7 +183,7 @@ def test_beta_max_and_momentum_alias():
     group["beta_max"] = group["momentum"] = 0.25  # consistent again
     step(3)
     group["momentum"] = 1.5
-    with pytest.raises(ValueError, match=r"Invalid beta_max: 1\.5"):
+    with pytest.raises(ValueError, match=r"beta_max must be in \[0, 1\]; got beta_max=1\.5"):
         step(4)
     opt2 = AMSGD([{"params": [torch.nn.Parameter(torch.ones(1))], "momentum": 0.7}], lr=0.1)
     assert opt2.param_groups[0]["beta_max"] == 0.7

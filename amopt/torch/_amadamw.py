@@ -9,24 +9,21 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_foreach
 
+from amopt import _rule
+from amopt._config import AMConfig, check_betas, check_choice, check_interval
 from amopt.torch._common import (
     AMOptimizerBase,
     accumulation_dtype,
-    apply_variant,
     as_real,
     bias_corrections,
     cast,
-    check_choice,
-    check_flag,
-    check_nonnegative,
-    check_number,
-    check_unit_interval,
-    check_variant_options,
+    check_group_flags,
+    check_lr,
     foreach_abssum,
     foreach_sum,
-    guarded_beta,
     new_step,
     real_dtype,
+    rule_by_rows,
     total,
 )
 from amopt.torch._fused import fused_am_adamw, warn_fallback
@@ -34,7 +31,7 @@ from amopt.torch._fused import fused_am_adamw, warn_fallback
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
 #: Weight-decay modes of the functional ``am_adamw``; ``"l2"`` is AM-Adam.
-WEIGHT_DECAY_MODES = ("decoupled", "proximal", "l2")
+WEIGHT_DECAY_MODES = _rule.WEIGHT_DECAY_MODES
 
 _DEFAULTS: dict[str, Any] = {
     "betas": (0.9, 0.999),
@@ -52,25 +49,19 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+def _config(group: dict[str, Any]) -> AMConfig:
+    """The group's rule configuration (validated; built once per distinct value)."""
+    keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
+    beta1 = group["betas"][0]
+    return AMConfig.cached(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
+
+
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
-    check_nonnegative("lr", group["lr"])
-    betas = group["betas"]
-    if not isinstance(betas, tuple | list) or len(betas) != 2:
-        raise ValueError(f"Invalid betas: {betas!r} (expected a pair (beta1_max, beta2))")
-    for k in (0, 1):
-        check_number(f"betas[{k}]", betas[k])
-        check_unit_interval(f"betas[{k}]", betas[k], upper_open=True)
-    check_nonnegative("eps", group["eps"])
-    check_nonnegative("weight_decay", group["weight_decay"])
-    check_nonnegative("lam", group["lam"])
-    check_flag("per_layer", group["per_layer"])
+    check_lr(group["lr"])
+    check_betas("betas", group["betas"])
+    _config(group)
     check_choice("weight_decay_mode", group["weight_decay_mode"], modes)
-    check_variant_options(group)
-    check_flag("maximize", group["maximize"])
-    check_flag("foreach", group["foreach"], allow_none=True)
-    check_flag("fused", group["fused"], allow_none=True)
-    if group["fused"] and group["foreach"]:
-        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
+    check_group_flags(group, nonnegative=("eps", "weight_decay"))
 
 
 class AMAdamW(AMOptimizerBase):
@@ -319,7 +310,7 @@ class AMAdamW(AMOptimizerBase):
             if not params:
                 continue
             beta1, beta2 = group["betas"]
-            check_unit_interval("betas[0]", beta1, upper_open=True)  # schedulers write it
+            check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)  # schedulers write it
             betas, new_prods = am_adamw(
                 params,
                 grads,
@@ -506,7 +497,18 @@ def am_adamw(
     """
     check_choice("weight_decay_mode", weight_decay_mode, WEIGHT_DECAY_MODES)
     if fused and foreach:
-        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    config = AMConfig.cached(
+        lam=lam,
+        beta_max=beta1,
+        numerator="linear",
+        per_layer=per_layer,
+        variant=variant,
+        beta_min=beta_min,
+        theta=theta,
+        beta_high=beta_high,
+        beta_low=beta_low,
+    )
     if fused:
         func = _fused_am_adamw
     else:
@@ -523,25 +525,13 @@ def am_adamw(
         state_steps,
         beta1_prods,
         lr=lr,
-        beta1=beta1,
         beta2=beta2,
         eps=eps,
         weight_decay=weight_decay,
         weight_decay_mode=weight_decay_mode,
-        lam=lam,
-        per_layer=per_layer,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
         maximize=maximize,
+        config=config,
     )
-
-
-def _beta(num: Tensor, den: Tensor, ref: Tensor, beta1: float, variant_args: tuple) -> Tensor:
-    """Step 5 of section 3 (guard and clip), then the variant."""
-    return apply_variant(guarded_beta(num, den, ref, beta1), *variant_args)
 
 
 def _fused_am_adamw(
@@ -554,7 +544,12 @@ def _fused_am_adamw(
     **hyper: Any,
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused CPU kernels; the foreach path where they cannot run (with a warning)."""
-    out = fused_am_adamw(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper)
+    cfg = hyper["config"]
+    legacy = {k: v for k, v in hyper.items() if k != "config"}
+    legacy.update(beta1=cfg.beta_max, lam=cfg.lam, per_layer=cfg.per_layer, variant=cfg.variant)
+    legacy.update(beta_min=cfg.beta_min, theta=cfg.theta, beta_high=cfg.beta_high)
+    legacy.update(beta_low=cfg.beta_low)
+    out = fused_am_adamw(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **legacy)
     if isinstance(out, str):
         warn_fallback(out)
         return _multi_tensor_am_adamw(
@@ -572,25 +567,19 @@ def _single_tensor_am_adamw(
     beta1_prods: list[Tensor],
     *,
     lr: float,
-    beta1: float,
     beta2: float,
     eps: float,
     weight_decay: float,
     weight_decay_mode: str,
-    lam: float,
-    per_layer: bool,
-    variant: str | None,
-    beta_min: float,
-    theta: float,
-    beta_high: float,
-    beta_low: float,
     maximize: bool,
+    config: AMConfig,
 ) -> tuple[list[Tensor], list[Tensor]]:
     n = len(params)
     if n == 0:
         return [], []
-    variant_args = (variant, beta_min, theta, beta_high, beta_low)
+    lam = config.lam
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
 
     gs: list[Tensor] = []
     for i, param in enumerate(params):
@@ -607,39 +596,49 @@ def _single_tensor_am_adamw(
     xs = [as_real(t) for t in params]
     bias2 = bias_corrections(state_steps, beta2)
 
-    betas: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
-    prods: list[Tensor] = [gs[0]] * n
-    scopes = [[i] for i in range(n)] if per_layer else [list(range(n))]
+    # reduce: N, D, ref of each scope, with p = c (eps + sqrt(v_hat)) of the scope's c
+    scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
+    ps: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
+    rows, prods = [], []
     for scope in scopes:
         acc = accumulation_dtype(gs[i].dtype for i in scope)
         prod = beta1_prods[scope[0]].to(acc)
-        c = 1.0 - beta1 * prod  # step 2: bias correction of the scope
-        ps: dict[int, Tensor] = {}
+        c = _rule.adam_correction(prod, config)  # step 2
         nums, dens, refs = [], [], []
         for i in scope:
             g, d, x = gs[i], ds[i], xs[i]
-            # step 3: p = c (eps + sqrt(v_hat))
+            # step 3
             p = (vs[i] / bias2[i]).sqrt_().add_(eps).mul_(c.to(device=g.device, dtype=g.dtype))
             ps[i] = p
-            # step 4: the two reductions, in the accumulation dtype
+            # step 4, the weighted terms of algorithms.md in the accumulation dtype
             g_, d_, x_, p_ = (t.to(acc) for t in (g, d, x, p))
             u = 1.0 / (1.0 + lam * p_)
             w = u / p_
             v = d_ - g_
-            terms = g_ * g_ / p_ - lam * u * v * v
-            if wd != 0:
-                terms = (
-                    terms + wd * lr * g_ * d_ / p_ + wd * (2.0 + wd * lr) * g_ * x_ - wd * d_ * x_
-                )
-            nums.append(terms.sum())
+            terms = [g_ * g_ / p_, u * v * v, g_ * d_ / p_, g_ * x_, d_ * x_]
+            num = weights[0] * terms[0]
+            for a_k, term in zip(weights[1:], terms[1:], strict=True):
+                if a_k != 0:
+                    num = num + a_k * term
+            nums.append(num.sum())
             dens.append((w * v * v).sum())
             refs.append((w * d_ * d_).sum() + (w * g_ * g_).sum())
-        beta = _beta(total(nums), total(dens), total(refs), beta1, variant_args)  # step 5
-        new_prod = prod * beta  # step 8
+        rows.append(torch.stack([total(nums), total(dens), total(refs)]))
+        prods.append(prod)
+
+    # rule (step 5) and the products (step 8)
+    beta = rule_by_rows(_rule.adam_beta, rows, config, lr=lr, weight_decay=wd)
+    new_prod = [prod * b for prod, b in zip(prods, beta, strict=True)]
+
+    # apply: steps 6 and 7
+    betas: list[Tensor] = [beta] * n  # placeholders, all overwritten below
+    out_prods: list[Tensor] = [beta] * n
+    for k, scope in enumerate(scopes):
+        beta_k = beta[k]
         for i in scope:
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]
             lam_p = lam * p
-            coef = (beta.to(device=p.device, dtype=p.dtype) + lam_p) / (1.0 + lam_p)
+            coef = (beta_k.to(device=p.device, dtype=p.dtype) + lam_p) / (1.0 + lam_p)
             d.sub_(g).mul_(coef).add_(g)  # step 6: d = g + coef * (d - g)
             if weight_decay_mode == "proximal":  # step 7
                 x.addcdiv_(d, p, value=-lr)
@@ -649,9 +648,9 @@ def _single_tensor_am_adamw(
                 if wd != 0:
                     x.mul_(1.0 - lr * wd)
                 x.addcdiv_(d, p, value=-lr)
-            betas[i] = beta
-            prods[i] = new_prod
-    return betas, prods
+            betas[i] = beta_k
+            out_prods[i] = new_prod[k]
+    return betas, out_prods
 
 
 def _multi_tensor_am_adamw(
@@ -663,25 +662,19 @@ def _multi_tensor_am_adamw(
     beta1_prods: list[Tensor],
     *,
     lr: float,
-    beta1: float,
     beta2: float,
     eps: float,
     weight_decay: float,
     weight_decay_mode: str,
-    lam: float,
-    per_layer: bool,
-    variant: str | None,
-    beta_min: float,
-    theta: float,
-    beta_high: float,
-    beta_low: float,
     maximize: bool,
+    config: AMConfig,
 ) -> tuple[list[Tensor], list[Tensor]]:
     n = len(params)
     if n == 0:
         return [], []
-    variant_args = (variant, beta_min, theta, beta_high, beta_low)
+    lam, per_layer = config.lam, config.per_layer
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
     scope_acc = accumulation_dtype(real_dtype(p) for p in params)
     scope_prod = beta1_prods[0].to(scope_acc)
     grouped = Optimizer._group_tensors_by_device_and_dtype(
@@ -689,7 +682,7 @@ def _multi_tensor_am_adamw(
         with_indices=True,
     )
 
-    # Phase 1, per (device, dtype) bucket: moments, preconditioner, reductions.
+    # reduce, per (device, dtype) bucket: moments, preconditioner, the sums
     buckets = []
     for (
         dev_params_,
@@ -721,18 +714,18 @@ def _multi_tensor_am_adamw(
         acc = accumulation_dtype([dtype]) if per_layer else scope_acc
         if per_layer:
             prods = torch.stack([beta1_prods[k].to(device) for k in indices]).to(acc)
-            c = 1.0 - beta1 * prods  # step 2, one per tensor
+            c = _rule.adam_correction(prods, config)  # step 2, one per tensor
             c_cast: Tensor | list[Tensor] = list(c.to(dtype).unbind())
         else:
             prods = scope_prod
-            c = 1.0 - beta1 * prods
+            c = _rule.adam_correction(prods, config)
             c_cast = c.to(device=device, dtype=dtype, non_blocking=True)
         p = torch._foreach_div(dev_v, bias_corrections(dev_steps, beta2))  # step 3
         torch._foreach_sqrt_(p)
         torch._foreach_add_(p, eps)
         torch._foreach_mul_(p, c_cast)
 
-        # step 4, in the accumulation dtype
+        # step 4: the weighted terms of algorithms.md, in the accumulation dtype
         g_, d_, x_, p_ = (cast(t, acc) for t in (dev_grads, dev_d, dev_params, p))
         u = torch._foreach_mul(p_, lam)
         torch._foreach_add_(u, 1.0)
@@ -741,23 +734,31 @@ def _multi_tensor_am_adamw(
         v = torch._foreach_sub(d_, g_)
         terms = torch._foreach_mul(g_, g_)
         torch._foreach_div_(terms, p_)  # g^2 / p
-        lam_u_vv = torch._foreach_mul(u, lam)
-        torch._foreach_mul_(lam_u_vv, v)
-        torch._foreach_mul_(lam_u_vv, v)
-        torch._foreach_sub_(terms, lam_u_vv)
-        del lam_u_vv, u
-        if wd != 0:
-            a = torch._foreach_mul(g_, wd * lr)
+        if weights[0] != 1.0:
+            torch._foreach_mul_(terms, weights[0])
+        if weights[1] != 0:
+            uvv = torch._foreach_mul(u, weights[1])
+            torch._foreach_mul_(uvv, v)
+            torch._foreach_mul_(uvv, v)
+            torch._foreach_add_(terms, uvv)
+            del uvv
+        del u
+        if weights[2] != 0:
+            a = torch._foreach_mul(g_, weights[2])
             torch._foreach_mul_(a, d_)
             torch._foreach_div_(a, p_)
             torch._foreach_add_(terms, a)
-            b = torch._foreach_mul(g_, wd * (2.0 + wd * lr))
+            del a
+        if weights[3] != 0:
+            b = torch._foreach_mul(g_, weights[3])
             torch._foreach_mul_(b, x_)
             torch._foreach_add_(terms, b)
-            e = torch._foreach_mul(d_, wd)
+            del b
+        if weights[4] != 0:
+            e = torch._foreach_mul(d_, weights[4])
             torch._foreach_mul_(e, x_)
-            torch._foreach_sub_(terms, e)
-            del a, b, e
+            torch._foreach_add_(terms, e)
+            del e
         nums = foreach_sum(terms)
         del terms
         wvv = torch._foreach_mul(w, v)
@@ -771,35 +772,29 @@ def _multi_tensor_am_adamw(
         del v, w, wvv, wdd, wgg, g_, d_, x_, p_
         buckets.append((dev_params, dev_grads, dev_d, p, indices, prods, nums, dens, refs))
 
-    # Step 5 (and 8): beta per tensor (vectorised per bucket) or one over all buckets.
+    # rule (step 5, and 8): beta per tensor (vectorised per bucket) or one over all buckets
     betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
     new_prods: list[Tensor] = [params[0]] * n
     coefs: list[Tensor | list[Tensor]] = []
     if per_layer:
         for _, dev_grads, _, _, indices, prods, nums, dens, refs in buckets:
-            beta = _beta(
-                torch.stack(nums), torch.stack(dens), torch.stack(refs), beta1, variant_args
-            )
+            sums = torch.stack([torch.stack(nums), torch.stack(dens), torch.stack(refs)], -1)
+            beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
             prod = prods * beta
             for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
                 betas[k] = b
                 new_prods[k] = pr
             coefs.append(list(beta.to(dev_grads[0].dtype).unbind()))
     else:
-        beta = _beta(
-            total([t for b in buckets for t in b[6]]),
-            total([t for b in buckets for t in b[7]]),
-            total([t for b in buckets for t in b[8]]),
-            beta1,
-            variant_args,
-        )
+        sums = torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 7, 8)])
+        beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
         coefs = [
             beta.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True) for b in buckets
         ]
 
-    # Phase 2: steps 6 and 7.
+    # apply: steps 6 and 7
     for (dev_params, dev_grads, dev_d, p, *_), b in zip(buckets, coefs, strict=True):
         lam_p = torch._foreach_mul(p, lam)
         coef = torch._foreach_add(lam_p, b)

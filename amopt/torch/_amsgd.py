@@ -9,20 +9,19 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_foreach
 
+from amopt import _rule
+from amopt._config import AMConfig, check_interval
 from amopt.torch._common import (
     AMOptimizerBase,
     accumulation_dtype,
-    apply_variant,
     as_real,
-    check_flag,
-    check_nonnegative,
-    check_unit_interval,
-    check_variant_options,
+    check_group_flags,
+    check_lr,
     dot,
     foreach_sqsum,
-    guarded_beta,
     new_step,
     real_dtype,
+    rule_by_rows,
     total,
 )
 from amopt.torch._fused import fused_amsgd, warn_fallback
@@ -45,18 +44,17 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
+    """The group's rule configuration (validated; built once per distinct value)."""
+    keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
+    cap = group["beta_max"] if beta_max is None else beta_max
+    return AMConfig.cached(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
+
+
 def _validate(group: dict[str, Any]) -> None:
-    check_nonnegative("lr", group["lr"])
-    check_nonnegative("lam", group["lam"])
-    check_unit_interval("beta_max", group["beta_max"])
-    check_nonnegative("weight_decay", group["weight_decay"])
-    check_flag("per_layer", group["per_layer"])
-    check_variant_options(group)
-    check_flag("maximize", group["maximize"])
-    check_flag("foreach", group["foreach"], allow_none=True)
-    check_flag("fused", group["fused"], allow_none=True)
-    if group["fused"] and group["foreach"]:
-        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
+    check_lr(group["lr"])
+    _config(group)
+    check_group_flags(group, nonnegative=("weight_decay",))
 
 
 class AMSGD(AMOptimizerBase):
@@ -253,7 +251,7 @@ class AMSGD(AMOptimizerBase):
                     f"param group {index}: 'beta_max' ({cap!r}) and its alias 'momentum' "
                     f"({alias!r}) were both changed since the last step; set only one of them"
                 )
-            check_unit_interval("beta_max", cap)
+            check_interval("beta_max", cap, 0.0, 1.0)
             group["beta_max"] = group["momentum"] = cap
         applied_list[index] = cap
         return cap
@@ -406,7 +404,18 @@ def amsgd(
     (0.9, [2.157273, -0.165289])
     """
     if fused and foreach:
-        raise ValueError("Invalid fused/foreach: `fused` and `foreach` cannot both be True")
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    config = AMConfig.cached(
+        lam=lam,
+        beta_max=beta_max,
+        numerator="linear",
+        per_layer=per_layer,
+        variant=variant,
+        beta_min=beta_min,
+        theta=theta,
+        beta_high=beta_high,
+        beta_low=beta_low,
+    )
     if fused:
         func = _fused_amsgd
     else:
@@ -421,27 +430,10 @@ def amsgd(
         momentum_buffer_list,
         state_steps,
         lr=lr,
-        lam=lam,
-        beta_max=beta_max,
         weight_decay=weight_decay,
-        per_layer=per_layer,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
         maximize=maximize,
+        config=config,
     )
-
-
-def _beta_and_gamma(
-    gg: Tensor, dd: Tensor, vv: Tensor, *, lam: float, beta_max: float, variant_args: tuple
-) -> tuple[Tensor, Tensor]:
-    """Steps 3-5 of section 2 on reduced inner products: beta and ``(beta+lam)/(1+lam)``."""
-    num = (1.0 + lam) * gg - lam * vv
-    beta = guarded_beta(num, vv, dd + gg, beta_max)
-    beta = apply_variant(beta, *variant_args)
-    return beta, (beta + lam) / (1.0 + lam)
 
 
 def _fused_amsgd(
@@ -452,7 +444,12 @@ def _fused_amsgd(
     **hyper: Any,
 ) -> list[Tensor]:
     """The fused CPU kernels; the foreach path where they cannot run (with a warning)."""
-    out = fused_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
+    cfg = hyper["config"]
+    legacy = {k: v for k, v in hyper.items() if k != "config"}
+    legacy.update(lam=cfg.lam, beta_max=cfg.beta_max, per_layer=cfg.per_layer)
+    legacy.update(variant=cfg.variant, beta_min=cfg.beta_min, theta=cfg.theta)
+    legacy.update(beta_high=cfg.beta_high, beta_low=cfg.beta_low)
+    out = fused_amsgd(params, grads, momentum_buffer_list, state_steps, **legacy)
     if isinstance(out, str):
         warn_fallback(out)
         return _multi_tensor_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
@@ -466,21 +463,13 @@ def _single_tensor_amsgd(
     state_steps: list[Tensor],
     *,
     lr: float,
-    lam: float,
-    beta_max: float,
     weight_decay: float,
-    per_layer: bool,
-    variant: str | None,
-    beta_min: float,
-    theta: float,
-    beta_high: float,
-    beta_low: float,
     maximize: bool,
+    config: AMConfig,
 ) -> list[Tensor]:
     n = len(params)
     if n == 0:
         return []
-    variant_args = (variant, beta_min, theta, beta_high, beta_low)
 
     gs: list[Tensor] = []
     ds: list[Tensor] = []
@@ -498,8 +487,9 @@ def _single_tensor_amsgd(
         ds.append(as_real(buf))
         xs.append(as_real(param))
 
-    betas: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
-    scopes = [[i] for i in range(n)] if per_layer else [list(range(n))]
+    # reduce: <v,v>, <g,g>, <d,d> of each scope (the buffers hold v = d - g afterwards)
+    scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
+    rows = []
     for scope in scopes:
         acc = accumulation_dtype(gs[i].dtype for i in scope)
         gg_parts, dd_parts, vv_parts = [], [], []
@@ -507,22 +497,22 @@ def _single_tensor_amsgd(
             g, d = gs[i], ds[i]
             gg_parts.append(dot(g, g, acc))
             dd_parts.append(dot(d, d, acc))
-            d.sub_(g)  # the buffer now holds v = d - g
+            d.sub_(g)
             vv_parts.append(dot(d, d, acc))
-        beta, gamma = _beta_and_gamma(
-            total(gg_parts),
-            total(dd_parts),
-            total(vv_parts),
-            lam=lam,
-            beta_max=beta_max,
-            variant_args=variant_args,
-        )
+        rows.append(torch.stack([total(vv_parts), total(gg_parts), total(dd_parts)]))
+
+    # rule
+    beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config)
+
+    # apply: d = g + gamma * (d - g) (exact when d = g), x -= lr * d
+    betas: list[Tensor] = [beta] * n  # placeholders, all overwritten below
+    for k, scope in enumerate(scopes):
+        gamma_k = gamma[k]
         for i in scope:
             d = ds[i]
-            # d = g + gamma * (d - g): exact when d = g
-            d.mul_(gamma.to(device=d.device, dtype=d.dtype)).add_(gs[i])
+            d.mul_(gamma_k.to(device=d.device, dtype=d.dtype)).add_(gs[i])
             xs[i].add_(d, alpha=-lr)
-            betas[i] = beta
+            betas[i] = beta[k]
     return betas
 
 
@@ -533,28 +523,21 @@ def _multi_tensor_amsgd(
     state_steps: list[Tensor],
     *,
     lr: float,
-    lam: float,
-    beta_max: float,
     weight_decay: float,
-    per_layer: bool,
-    variant: str | None,
-    beta_min: float,
-    theta: float,
-    beta_high: float,
-    beta_low: float,
     maximize: bool,
+    config: AMConfig,
 ) -> list[Tensor]:
     n = len(params)
     if n == 0:
         return []
-    variant_args = (variant, beta_min, theta, beta_high, beta_low)
+    per_layer = config.per_layer
     scope_acc = accumulation_dtype(real_dtype(p) for p in params)
     grouped = Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, momentum_buffer_list, state_steps],  # type: ignore[list-item]
         with_indices=True,
     )
 
-    # Phase 1, per (device, dtype) bucket: g, d = g on the first step, v = d - g, reductions.
+    # reduce, per (device, dtype) bucket: g, d = g on the first step, v = d - g, the sums
     buckets = []
     for (dev_params_, dev_grads_, dev_bufs_, dev_steps_), indices in grouped.values():
         dev_params = list(dev_params_)
@@ -583,38 +566,26 @@ def _multi_tensor_amsgd(
         vv = foreach_sqsum(dev_bufs, acc)
         buckets.append((dev_params, dev_grads, dev_bufs, indices, gg, dd, vv))
 
-    # Beta: one per tensor (vectorised per bucket) or one over all buckets.
+    # rule: one beta per tensor (vectorised per bucket) or one over all buckets
     betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
+    coefs: list[Tensor | list[Tensor]] = []
     if per_layer:
-        coefs = []
         for _, dev_grads, _, indices, gg, dd, vv in buckets:
-            beta, gamma = _beta_and_gamma(
-                torch.stack(gg),
-                torch.stack(dd),
-                torch.stack(vv),
-                lam=lam,
-                beta_max=beta_max,
-                variant_args=variant_args,
-            )
+            sums = torch.stack([torch.stack(vv), torch.stack(gg), torch.stack(dd)], dim=-1)
+            beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
                 betas[k] = b
             coefs.append(list(gamma.to(dev_grads[0].dtype).unbind()))
     else:
-        beta, gamma = _beta_and_gamma(
-            total([t for b in buckets for t in b[4]]),
-            total([t for b in buckets for t in b[5]]),
-            total([t for b in buckets for t in b[6]]),
-            lam=lam,
-            beta_max=beta_max,
-            variant_args=variant_args,
-        )
+        sums = torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 4, 5)])
+        beta, gamma = _rule.momentum_beta(torch, sums, config)
         betas = [beta] * n
         coefs = [
             gamma.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True)
             for b in buckets
         ]
 
-    # Phase 2: d = g + gamma * v, x -= lr * d.
+    # apply: d = g + gamma * v, x -= lr * d
     for (dev_params, dev_grads, dev_bufs, *_), coef in zip(buckets, coefs, strict=True):
         torch._foreach_mul_(dev_bufs, coef)
         torch._foreach_add_(dev_bufs, dev_grads)

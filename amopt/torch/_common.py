@@ -1,13 +1,12 @@
-"""Pieces shared by the AM torch optimizers: validation, the beta rule, reductions.
+"""Pieces shared by the AM torch optimizers: validation, dtypes, reductions, the base class.
 
-Everything here works on tensors that stay on their device: the beta rule is
-written with ``torch.where`` / ``torch.clamp`` so that no value is ever read
-back to the host while an optimizer steps.
+The beta rules themselves live in :mod:`amopt._rule` (one implementation for every
+surface); everything here works on tensors that stay on their device, so that no
+value is read back to the host while an optimizer steps.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import Any
@@ -16,9 +15,10 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from amopt._config import check_bool, check_nonnegative
+
 __all__: list[str] = []
 
-VARIANTS = (None, "clip", "restart")
 #: Per-parameter state entries kept in the accumulation dtype (never cast to the param dtype).
 SCALAR_STATE_KEYS = ("beta", "beta1_prod")
 
@@ -26,57 +26,25 @@ SCALAR_STATE_KEYS = ("beta", "beta1_prod")
 # --------------------------------------------------------------------------- validation
 
 
-def _is_real_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def check_number(name: str, value: Any) -> float:
-    """Reject tensors and non-numbers with a ``TypeError`` naming ``name``."""
+def check_lr(value: Any) -> float:
+    """``lr``: a finite real number >= 0 (the messages of :mod:`amopt._config`)."""
     if isinstance(value, Tensor):
         raise TypeError(
-            f"{name} must be a Python float, got a Tensor; tensor hyper-parameters "
-            "are not supported by the AM optimizers"
+            f"lr must be a Python float; got a Tensor (lr={value!r}); tensor learning "
+            "rates are not supported by the AM optimizers"
         )
-    if not _is_real_number(value):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    return float(value)
+    return check_nonnegative("lr", value)
 
 
-def check_nonnegative(name: str, value: Any) -> None:
-    """``value >= 0`` (NaN fails), else ``ValueError`` naming the parameter and range."""
-    v = check_number(name, value)
-    if not v >= 0.0:
-        raise ValueError(f"Invalid {name}: {value!r} (expected {name} >= 0)")
-
-
-def check_unit_interval(name: str, value: Any, *, upper_open: bool = False) -> None:
-    """``0 <= value <= 1`` (``< 1`` when ``upper_open``), else ``ValueError``."""
-    v = check_number(name, value)
-    ok = 0.0 <= v < 1.0 if upper_open else 0.0 <= v <= 1.0
-    if not ok:
-        upper = "< 1" if upper_open else "<= 1"
-        raise ValueError(f"Invalid {name}: {value!r} (expected 0 <= {name} {upper})")
-
-
-def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"Invalid {name}: {value!r} (expected one of {allowed})")
-
-
-def check_flag(name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, bool):
-        expected = "True, False or None" if allow_none else "True or False"
-        raise ValueError(f"Invalid {name}: {value!r} (expected {expected})")
-
-
-def check_variant_options(group: dict[str, Any]) -> None:
-    """The section-4 variant and its four parameters."""
-    check_choice("variant", group["variant"], VARIANTS)
-    for key in ("beta_min", "theta", "beta_high", "beta_low"):
-        check_unit_interval(key, group[key])
+def check_group_flags(group: dict[str, Any], nonnegative: Sequence[str] = ()) -> None:
+    """The hyper-parameters every AM param group has besides its rule's configuration."""
+    for key in nonnegative:
+        check_nonnegative(key, group[key])
+    check_bool("maximize", group["maximize"])
+    check_bool("foreach", group["foreach"], allow_none=True)
+    check_bool("fused", group["fused"], allow_none=True)
+    if group["fused"] and group["foreach"]:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
 # --------------------------------------------------------------------------- dtypes, steps
@@ -151,6 +119,20 @@ def foreach_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
     return list(torch._foreach_sub(pos, neg))
 
 
+def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -> Any:
+    """``rule(torch, stacked rows, ...)``; row by row when scopes differ in accumulation dtype.
+
+    A per-layer group mixing float64 and float32 tensors keeps each scope's beta in its
+    own accumulation dtype (stacking would promote every row to float64).
+    """
+    if all(r.dtype == rows[0].dtype for r in rows):
+        return rule(torch, torch.stack(list(rows)), *args, **kwargs)
+    outs = [rule(torch, r, *args, **kwargs) for r in rows]
+    if isinstance(outs[0], tuple):
+        return tuple(list(col) for col in zip(*outs, strict=True))
+    return outs
+
+
 def bias_corrections(steps: Sequence[Tensor], beta2: float) -> list[Tensor]:
     """``[1 - beta2**step for step in steps]`` as CPU float64 0-d tensors.
 
@@ -167,45 +149,6 @@ def total(parts: Sequence[Tensor]) -> Tensor:
     if len(parts) == 1:
         return parts[0]
     return torch.stack([p.to(device, non_blocking=True) for p in parts]).sum()
-
-
-# --------------------------------------------------------------------------- the beta rule
-
-
-def guarded_beta(num: Tensor, den: Tensor, ref: Tensor, beta_max: float) -> Tensor:
-    r"""Step 4 of algorithms.md, elementwise over tensors of betas.
-
-    ``clip(num / den, 0, beta_max)``, and ``0`` where ``den <= tiny * ref``
-    (``tiny = eps(dtype)**2``) or where the ratio is NaN (overflowing
-    reductions). Written with ``torch.where`` so that nothing is read on the host.
-    """
-    tiny = torch.finfo(den.dtype).eps ** 2
-    degenerate = den <= tiny * ref
-    safe_den = torch.where(degenerate, torch.ones_like(den), den)
-    ratio = num / safe_den
-    ratio = torch.where(torch.isnan(ratio), torch.zeros_like(ratio), ratio)
-    beta = torch.clamp(ratio, 0.0, float(beta_max))
-    return torch.where(degenerate, torch.zeros_like(beta), beta)
-
-
-def apply_variant(
-    beta: Tensor,
-    variant: str | None,
-    beta_min: float,
-    theta: float,
-    beta_high: float,
-    beta_low: float,
-) -> Tensor:
-    """Section 4: ``clip`` raises beta to ``beta_min``; ``restart`` picks high/low at ``theta``."""
-    if variant is None:
-        return beta
-    if variant == "clip":
-        return torch.clamp(beta, min=float(beta_min))
-    if variant == "restart":
-        high = torch.full_like(beta, float(beta_high))
-        low = torch.full_like(beta, float(beta_low))
-        return torch.where(beta >= theta, high, low)
-    raise ValueError(f"Invalid variant: {variant!r} (expected one of None, 'clip', 'restart')")
 
 
 # --------------------------------------------------------------------------- optimizer base
