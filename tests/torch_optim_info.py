@@ -461,7 +461,8 @@ AMADAMW_INFO = OptimizerInfo(
             "l2 mode belongs to AMAdam",
             {"weight_decay_mode": "l2"},
             ValueError,
-            r"weight_decay_mode must be one of 'decoupled', 'proximal'; got weight_decay_mode='l2'",
+            r"weight_decay_mode must be one of 'decoupled', 'proximal'; got "
+            r"weight_decay_mode='l2'",
         ),
         ErrorInput(
             "unknown weight_decay_mode",
