@@ -105,8 +105,9 @@ def _where_to_put(what: str, relative: str, data_dir: Any, extra: str = "") -> s
     folder = data_folder(data_dir)
     return (
         f"{what} not found at {folder / relative}.\n{extra}"
-        f"Put it at <data>/{relative}, where <data> is the data folder: --data-dir DIR "
-        f"(data_dir=), else the environment variable {ENV_VAR}=DIR, else ~/.cache/amopt "
+        f"Put the data at <data>/{relative}, where <data> is the data folder: --data-dir DIR "
+        f"(data_dir= in Python), else the environment variable {ENV_VAR}=DIR, else "
+        f"~/.cache/amopt "
         f"(now: {folder}). Layout of <data>: {LAYOUT}."
     )
 
