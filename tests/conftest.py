@@ -1,12 +1,53 @@
 """Shared fixtures: the ``xp`` fixture runs a test on every available array backend."""
 
+from __future__ import annotations
+
+import enum
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from amopt.backends import Backend
+from amopt.backends import library_available
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class Backend(enum.Enum):
+    """An array library amopt is tested on.
+
+    ``Backend.available()`` lists those usable here (CuPy only with a GPU); the
+    ``xp`` fixture is parametrised over it, always including array-api-strict.
+    """
+
+    NUMPY = "numpy"
+    ARRAY_API_STRICT = "array_api_strict"
+    TORCH = "torch"
+    CUPY = "cupy"
+
+    @property
+    def module_name(self) -> str:
+        return self.value
+
+    def is_importable(self) -> bool:
+        return library_available(self.module_name)
+
+    def namespace(self) -> Any:
+        """The compat-wrapped namespace (``xp``) of this backend."""
+        if self is Backend.NUMPY:
+            import array_api_compat.numpy as xp
+        elif self is Backend.TORCH:
+            import array_api_compat.torch as xp
+        elif self is Backend.CUPY:
+            import array_api_compat.cupy as xp
+        else:
+            import array_api_strict as xp
+        return xp
+
+    @classmethod
+    def available(cls) -> list[Backend]:
+        return [b for b in cls if b.is_importable()]
+
 
 _BACKENDS = Backend.available()
 # array-api-strict is part of the test extra: a missing install must fail loudly, not skip.

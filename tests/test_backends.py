@@ -5,15 +5,18 @@ the array API), the result keeps the caller's array type, and float64 results
 agree with NumPy's to 1e-12; float32 runs agree to float32 accuracy.
 """
 
+import importlib.util
+
 import array_api_compat
 import array_api_compat.numpy as npx
 import numpy as np
 import pytest
 
 import amopt
-from amopt.backends import Backend, to_numpy
+from amopt.backends import library_available, to_numpy
 
 from _objectives import Logistic, Quadratic, logreg_data, quadratic_data
+from conftest import Backend
 
 CASES = [
     ("am-mgd", {"numerator": "exact"}),
@@ -128,3 +131,18 @@ def test_backend_enum_always_lists_numpy_and_strict():
     assert Backend.NUMPY in avail and Backend.ARRAY_API_STRICT in avail
     x = Backend.ARRAY_API_STRICT.namespace().asarray([1.0, 2.0])
     np.testing.assert_array_equal(to_numpy(x), [1.0, 2.0])
+
+
+def test_library_available_answers_for_installed_and_missing_libraries():
+    assert library_available("numpy") and library_available("array_api_strict")
+    assert not library_available("no_such_array_library")
+    assert library_available("torch") == (importlib.util.find_spec("torch") is not None)
+
+
+def test_backend_is_not_part_of_the_package():
+    import amopt.backends
+
+    assert "Backend" not in amopt.backends.__all__
+    with pytest.warns(DeprecationWarning, match="library_available"):
+        legacy = amopt.backends.Backend
+    assert legacy.NUMPY.is_importable() and not hasattr(amopt.backends, "Nope")

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import amopt
+from amopt.bench._timing import cpu_model
 from amopt.experiments import EXPERIMENTS
 from amopt.experiments.__main__ import build_parser, main
 from amopt.experiments._common import downsample, first_below, sanitize
@@ -40,6 +44,11 @@ def _needs(name: str) -> str | None:
     if name == "vision" and not (SHARED / "fashion-mnist").is_dir():
         if not Path("/usr/share/datasets/fashion-mnist").is_dir():
             return "Fashion-MNIST not found"
+    if name in ("vision", "llm"):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return "torch not installed"
     if name == "llm":
         if not (SHARED / "text" / "tinyshakespeare" / "input.txt").is_file():
             return "tiny-shakespeare not found"
@@ -52,11 +61,16 @@ def _needs(name: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def quick_out(tmp_path_factory) -> Path:
-    """Every runnable experiment in --quick mode, once, into one output folder."""
+    """Every runnable experiment in --quick mode, once, into one output folder.
+
+    The data come from the shared data folder, passed explicitly, and nothing is
+    downloaded.
+    """
     out = tmp_path_factory.mktemp("experiments")
+    common = ["--quick", "--quiet", "--out", str(out), "--seed", "0", "--no-download"]
     for name in EXPERIMENTS:
         if _needs(name) is None:
-            assert main([name, "--quick", "--quiet", "--out", str(out), "--seed", "0"]) == 0
+            assert main([name, *common, "--data-dir", str(SHARED)]) == 0
     return out
 
 
@@ -81,6 +95,10 @@ def _load(out: Path, name: str) -> dict:
 def _check_common(out: Path, name: str, res: dict) -> None:
     assert TOP_KEYS <= set(res)
     assert res["experiment"] == name and res["quick"] is True and res["seed"] == 0
+    env = res["environment"]
+    assert env["amopt"] == amopt.__version__ and env["numpy"] == np.__version__
+    assert env["python"] == platform.python_version() and env["cpu"] == cpu_model()
+    assert not any(key.startswith("git") for key in env)
     assert res["wall_time_s"] > 0
     assert all(math.isfinite(v) for v in _numbers(res))
     assert res["claims"], "every experiment states the paper's claims it checks"
@@ -215,7 +233,8 @@ def test_help_lists_every_experiment(capsys):
     out = capsys.readouterr().out
     for name in [*EXPERIMENTS, "all", "report"]:
         assert f"  {name} " in out
-    for flag in ("--quick", "--out", "--seed", "--data-dir", "--quiet", "--threads"):
+    flags = ("--quick", "--out", "--seed", "--data-dir", "--no-download", "--quiet", "--threads")
+    for flag in flags:
         assert flag in out
 
 
@@ -231,12 +250,28 @@ def test_missing_data_gives_a_clear_message(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(_data, "DEBIAN_FASHION_MNIST", tmp_path / "none")
     missing = tmp_path / "nowhere"
-    assert main(["vision", "--quick", "--data-dir", str(missing), "--out", str(tmp_path)]) == 1
+    args = ["--quick", "--data-dir", str(missing), "--out", str(tmp_path), "--no-download"]
+    assert main(["vision", *args]) == 1
     err = capsys.readouterr().err
     assert "vision: missing data" in err and "Fashion-MNIST not found" in err
     assert str(missing / "fashion-mnist") in err and "--data-dir" in err
-    assert main(["llm", "--quick", "--data-dir", str(missing), "--out", str(tmp_path)]) == 1
-    assert "tinyshakespeare/input.txt" in capsys.readouterr().err
+    assert "text/tinyshakespeare/input.txt" in err  # the layout of the data folder
+    assert main(["llm", *args]) == 1
+    err = capsys.readouterr().err
+    assert f"not found at {missing / 'text' / 'tinyshakespeare' / 'input.txt'}" in err
+    assert "--no-download" in err and _data.TEXT_URL in err
+    assert main(["logreg", *args, "--datasets", "w8a"]) == 1
+    err = capsys.readouterr().err
+    assert f"not found at {missing / 'libsvm' / 'w8a'}" in err and "AMOPT_DATA_DIR" in err
+
+
+def test_data_folder_defaults_to_the_environment_variable(tmp_path, capsys, monkeypatch):
+    """Without --data-dir the experiments read $AMOPT_DATA_DIR, never the checkout."""
+    monkeypatch.setenv("AMOPT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    out = ["--quick", "--out", str(tmp_path / "out"), "--no-download"]
+    assert main(["logreg", *out, "--datasets", "a9a"]) == 1
+    assert f"not found at {tmp_path / 'data' / 'libsvm' / 'a9a'}" in capsys.readouterr().err
 
 
 def test_module_entry_point_help():

@@ -9,11 +9,14 @@ import struct
 import numpy as np
 import pytest
 
+from amopt.datasets import fetch_libsvm
 from amopt.experiments import _data
 from amopt.experiments._data import (
     ENV_VAR,
     FASHION_MNIST_FILES,
-    candidate_dirs,
+    TEXT_SHA256,
+    data_folder,
+    fetch_text,
     find_fashion_mnist,
     load_fashion_mnist,
     load_logreg_problem,
@@ -21,8 +24,6 @@ from amopt.experiments._data import (
     read_idx,
     split_text,
 )
-
-TEXT_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 
 @pytest.fixture
@@ -131,23 +132,50 @@ def test_text_loader_explicit_path_and_split(tmp_path):
 
 def test_text_missing_path_says_where_to_put_the_file(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
-        load_text(data_dir=tmp_path)
+        load_text(data_dir=tmp_path, download=False)
     msg = str(info.value)
-    assert str(tmp_path / "text" / "tinyshakespeare" / "input.txt") in msg
-    assert "--data-dir" in msg and ENV_VAR in msg
+    assert f"not found at {tmp_path / 'text' / 'tinyshakespeare' / 'input.txt'}" in msg
+    assert "--data-dir" in msg and ENV_VAR in msg and "--no-download" in msg
+    assert "libsvm/" in msg and "fashion-mnist/" in msg  # the whole layout
+    assert not (tmp_path / "text").exists()  # nothing was downloaded or created
     with pytest.raises(FileNotFoundError, match="not found"):
         load_text(tmp_path / "absent.txt")
+
+
+def test_text_download_is_verified_and_cached(tmp_path, monkeypatch, data_dir):
+    """The download path, served from the shared copy through a file:// URL."""
+    source = data_dir / "text" / "tinyshakespeare" / "input.txt"
+    if not source.is_file():
+        pytest.skip("tiny-shakespeare not in the shared data folder")
+    monkeypatch.setattr(_data, "TEXT_URL", source.as_uri())
+    path = fetch_text(tmp_path)
+    assert path == tmp_path / "text" / "tinyshakespeare" / "input.txt"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == TEXT_SHA256
+    monkeypatch.setattr(_data, "TEXT_URL", (tmp_path / "gone").as_uri())
+    assert load_text(data_dir=tmp_path).shape == (1115394,)  # cached: no second download
+
+
+def test_text_download_with_a_wrong_checksum_is_rejected(tmp_path, monkeypatch):
+    bogus = tmp_path / "bogus.txt"
+    bogus.write_text("not the corpus")
+    monkeypatch.setattr(_data, "TEXT_URL", bogus.as_uri())
+    with pytest.raises(FileNotFoundError) as info:
+        fetch_text(tmp_path / "data")
+    msg = str(info.value)
+    assert "The download failed" in msg and TEXT_SHA256 in msg and "--data-dir" in msg
+    assert not (tmp_path / "data" / "text" / "tinyshakespeare" / "input.txt").exists()
 
 
 # --------------------------------------------------------------------------- folders, LIBSVM
 
 
-def test_candidate_dirs_order(monkeypatch, tmp_path):
-    assert candidate_dirs(tmp_path) == [tmp_path]
+def test_data_folder_order(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "env"))
-    dirs = candidate_dirs()
-    assert dirs[0] == tmp_path / "env"
-    assert (_data.REPO_ROOT.parent / "shared" / "data").resolve() in dirs
+    assert data_folder(tmp_path / "explicit") == tmp_path / "explicit"
+    assert data_folder() == tmp_path / "env"
+    monkeypatch.delenv(ENV_VAR)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert data_folder() == tmp_path / "home" / ".cache" / "amopt"
 
 
 @pytest.mark.parametrize(
@@ -168,10 +196,36 @@ def test_logreg_bundled_fallback_and_missing_message(tmp_path):
     name, prob, source = load_logreg_problem("mushrooms", tmp_path)  # not there: bundled copy
     assert source == "bundled:mushrooms" and prob.n_samples == 8124
     name, prob, source = load_logreg_problem("a1a", tmp_path)
-    assert prob.n_samples == 1605
+    assert source == "bundled:a1a" and prob.n_samples == 1605
     with pytest.raises(FileNotFoundError) as info:
-        load_logreg_problem("a9a", tmp_path)
-    assert str(tmp_path / "libsvm" / "a9a") in str(info.value)
-    assert "--data-dir" in str(info.value)
+        load_logreg_problem("a9a", tmp_path, download=False)
+    msg = str(info.value)
+    assert f"not found at {tmp_path / 'libsvm' / 'a9a'}" in msg
+    assert "--data-dir" in msg and ENV_VAR in msg and "download=False" in msg
     with pytest.raises(FileNotFoundError, match="not an existing file"):
         load_logreg_problem(str(tmp_path / "no-such-file"), tmp_path)
+
+
+def test_logreg_registry_download_lands_in_the_data_folder(tmp_path, data_dir):
+    """A set missing from the folder comes through amopt.datasets, cached in <data>/libsvm."""
+    source = data_dir / "libsvm" / "madelon.t"
+    if not source.is_file():
+        pytest.skip("madelon.t not in the shared data folder")
+    mirror = tmp_path / "mirror" / "binary"
+    mirror.mkdir(parents=True)
+    (mirror / "madelon.t").write_bytes(source.read_bytes())
+    fetch_libsvm("madelon.t", cache_dir=tmp_path / "data", base_url=(tmp_path / "mirror").as_uri())
+    name, prob, src = load_logreg_problem("madelon.t", tmp_path / "data", download=False)
+    assert (name, src) == ("madelon.t", "amopt.datasets:madelon.t")
+    assert (prob.n_samples, prob.n_features) == (600, 500)
+
+
+def test_logreg_file_path_and_unknown_name(tmp_path):
+    f = tmp_path / "tiny.svm"
+    f.write_text("1 1:0.5 3:1\n-1 2:1\n")
+    name, prob, source = load_logreg_problem(str(f))
+    assert (name, source) == ("tiny.svm", str(f))
+    assert (prob.n_samples, prob.n_features) == (2, 3)
+    with pytest.raises(FileNotFoundError) as info:
+        load_logreg_problem("no-such-set", tmp_path)
+    assert "registered amopt.datasets name" in str(info.value)

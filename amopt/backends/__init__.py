@@ -1,4 +1,4 @@
-"""Array-namespace resolution, dtype helpers and the backend list used by the tests.
+"""Array-namespace resolution, dtype helpers and which array libraries are usable here.
 
 Everything numeric in amopt is written against the Python array API standard;
 this module is the single place that knows about concrete libraries.
@@ -6,18 +6,18 @@ this module is the single place that knows about concrete libraries.
 
 from __future__ import annotations
 
-import enum
 import importlib.util
+import warnings
 from typing import Any
 
 import array_api_compat
 import numpy as np
 
 __all__ = [
-    "Backend",
     "array_namespace",
     "accumulation_dtype",
     "is_array",
+    "library_available",
     "to_numpy",
     "tiny",
 ]
@@ -67,47 +67,56 @@ def to_numpy(x: Any) -> np.ndarray:
         return np.from_dlpack(x)
 
 
-class Backend(enum.Enum):
-    """The array libraries amopt is tested on.
+def library_available(name: str) -> bool:
+    """Whether the array library ``name`` can be used here.
 
-    ``Backend.available()`` lists those importable here (CuPy only with a GPU);
-    the tests parametrise an ``xp`` fixture over it, always including
-    array-api-strict.
+    The module must be importable; CuPy also needs a visible CUDA device.
+
+    Parameters
+    ----------
+    name : str
+        Module name: ``"numpy"``, ``"array_api_strict"``, ``"torch"``, ``"cupy"``, ...
+
+    Examples
+    --------
+    >>> library_available("numpy"), library_available("no_such_array_library")
+    (True, False)
     """
+    if importlib.util.find_spec(name) is None:
+        return False
+    if name == "cupy":
+        try:
+            import cupy
 
-    NUMPY = "numpy"
-    ARRAY_API_STRICT = "array_api_strict"
-    TORCH = "torch"
-    CUPY = "cupy"
-
-    @property
-    def module_name(self) -> str:
-        return self.value
-
-    def is_importable(self) -> bool:
-        if importlib.util.find_spec(self.module_name) is None:
+            return cupy.cuda.runtime.getDeviceCount() > 0
+        except Exception:  # noqa: BLE001 - any CUDA failure means "not available"
             return False
-        if self is Backend.CUPY:
-            try:
-                import cupy
+    return True
 
-                return cupy.cuda.runtime.getDeviceCount() > 0
-            except Exception:  # noqa: BLE001 - any CUDA failure means "not available"
-                return False
-        return True
 
-    def namespace(self) -> Any:
-        """The compat-wrapped namespace (``xp``) of this backend."""
-        if self is Backend.NUMPY:
-            import array_api_compat.numpy as xp
-        elif self is Backend.TORCH:
-            import array_api_compat.torch as xp
-        elif self is Backend.CUPY:
-            import array_api_compat.cupy as xp
-        else:
-            import array_api_strict as xp
-        return xp
+class _LibraryName(str):
+    def is_importable(self) -> bool:
+        return library_available(self)
 
-    @classmethod
-    def available(cls) -> list[Backend]:
-        return [b for b in cls if b.is_importable()]
+
+class _Libraries:
+    """``Backend.TORCH.is_importable()``-style access over :func:`library_available`."""
+
+    NUMPY = _LibraryName("numpy")
+    ARRAY_API_STRICT = _LibraryName("array_api_strict")
+    TORCH = _LibraryName("torch")
+    CUPY = _LibraryName("cupy")
+
+
+def __getattr__(name: str) -> Any:
+    # ``Backend`` was the tests' backend list; callers outside the tests that still
+    # ask whether a library is usable get the same answers from library_available.
+    if name == "Backend":
+        warnings.warn(
+            "amopt.backends.Backend is no longer part of amopt; use "
+            "amopt.backends.library_available(name)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _Libraries
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,14 +10,16 @@ median of the paired ratios, against the row's target:
 * ``AMSGD(fused=True).step`` / ``SGD(momentum=0.9, dampening=0.9,
   foreach=True).step`` (<= 1.6);
 * ``minimize(method="am-mgd")`` per iteration / a hand-written NumPy
-  heavy-ball loop on a9a logistic regression (<= 1.05; skipped without the
-  data file);
+  heavy-ball loop on a9a logistic regression (<= 1.05; reads
+  ``<data>/libsvm/a9a`` with ``--data-dir <data>``, default ``$AMOPT_DATA_DIR``
+  else ``~/.cache/amopt``; skipped without the file);
 * the NumPy core AM-MGD step / MGD step on 10^7 float64 (<= 1.6);
 * the peak memory the optimizer adds, AMAdamW / AdamW (<= 1.05);
 * a training iteration of a tiny LLaMA (``transformers``, skipped when it is
   not installed) with AM-AdamW / AdamW (<= 1.01, i.e. at most 1% overhead).
 
-``--check`` makes the command exit with status 1 when a target is missed.
+``--check`` makes the command exit with status 1 when a target is missed;
+``--quick`` runs every row at small sizes (a smoke test, not the targets).
 The workloads live in :mod:`amopt.bench.cases`, shared with the asv suite in
 ``asv_benchmarks/``.
 

@@ -1,4 +1,4 @@
-"""``python -m amopt.bench [--check] [--repeat N] [--threads N] [--rows KEY ...]``."""
+"""``python -m amopt.bench [--quick] [--check] [--repeat N] [--threads N] [--rows KEY ...]``."""
 
 from amopt.bench._cli import main
 

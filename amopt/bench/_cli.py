@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from amopt.bench import cases
 from amopt.bench._timing import Paired, interleave, load_average, machine_info
@@ -127,6 +130,13 @@ def _core_step(s: Settings) -> Measured:
 
 
 def _minimize_a9a(s: Settings) -> Measured:
+    path = cases.a9a_path()
+    if not path.is_file():
+        raise cases.SkipCase(
+            f"a9a not found at {path}; put the LIBSVM file a9a at <data>/libsvm/a9a and pass "
+            f"--data-dir <data> (default: $AMOPT_DATA_DIR, else ~/.cache/amopt), or set "
+            f"{A9A_ENV} to the file"
+        )
     k = 10 if s.quick else 500
     a = cases.MinimizeCase("am-mgd", iterations=k)
     b = cases.MinimizeCase("heavy-ball", iterations=k)
@@ -302,6 +312,43 @@ EXTRA_ROWS: tuple[Row, ...] = (
 
 # --------------------------------------------------------------------------- running, report
 
+#: The variable :func:`amopt.bench.cases.a9a_path` reads the a9a file's path from.
+A9A_ENV = "AMOPT_A9A"
+
+
+def a9a_file(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """``<data>/libsvm/a9a``: ``data_dir``, else ``$AMOPT_DATA_DIR``, else ``~/.cache/amopt``.
+
+    The same layout (and folder) as :mod:`amopt.datasets`' download cache.
+
+    Examples
+    --------
+    >>> a9a_file("/data").as_posix()
+    '/data/libsvm/a9a'
+    """
+    from amopt.datasets import get_data_home
+
+    return get_data_home(data_dir) / "libsvm" / "a9a"
+
+
+@contextlib.contextmanager
+def _a9a_from(data_dir: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Point the a9a case at :func:`a9a_file` while measuring.
+
+    ``--data-dir`` wins over ``$AMOPT_A9A``; without either, the data folder's copy
+    is used. The previous environment is restored afterwards.
+    """
+    previous = os.environ.get(A9A_ENV)
+    if data_dir is not None or not previous:
+        os.environ[A9A_ENV] = str(a9a_file(data_dir))
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(A9A_ENV, None)
+        else:
+            os.environ[A9A_ENV] = previous
+
 
 def run_rows(
     rows: Sequence[Row], settings: Settings, *, progress: Callable[[str], None] | None = None
@@ -417,6 +464,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick", action="store_true", help="small sizes (a smoke test, not the targets)"
     )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="data folder holding libsvm/a9a for the minimize-a9a row (default: "
+        f"$AMOPT_DATA_DIR, else ~/.cache/amopt; ${A9A_ENV}=FILE names the file directly)",
+    )
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--list", action="store_true", help="list the rows and exit")
     return p
@@ -449,7 +504,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     settings = Settings(repeat=args.repeat, quick=args.quick, threads=args.threads)
     before = load_average()
-    results = run_rows(rows, settings, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    with _a9a_from(args.data_dir):
+        results = run_rows(
+            rows, settings, progress=lambda m: print(m, file=sys.stderr, flush=True)
+        )
     after = load_average()
     info = machine_info()
     print(format_report(results, info, settings, (before, after)))

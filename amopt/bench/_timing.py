@@ -1,4 +1,9 @@
-"""Side-by-side timing: two workloads interleaved, medians and paired ratios."""
+"""Side-by-side timing: workloads interleaved in rounds, medians and paired ratios.
+
+The one timing harness of amopt: ``python -m amopt.bench`` and the experiments
+(``amopt.experiments.llm``) both measure with it, and both describe the machine
+with :func:`machine_info` / :func:`cpu_model`.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,24 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-__all__ = ["Paired", "interleave", "machine_info", "load_average"]
+__all__ = [
+    "Paired",
+    "PhaseClock",
+    "cpu_model",
+    "interleave",
+    "load_average",
+    "machine_info",
+    "timed_rounds",
+]
+
+K = TypeVar("K", bound=Hashable)
+
+#: Phase name of a workload that the harness times itself (one that returns no phases).
+TOTAL = "total"
 
 
 @dataclass
@@ -51,10 +70,126 @@ class Paired:
         return q[0], q[2]
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+class PhaseClock:
+    """Wall-clock seconds between the phases of one call, measured after a device sync.
+
+    A workload that times parts of itself (forward+backward, then the optimizer
+    step) calls :meth:`start`, then :meth:`lap` after each phase; with a GPU,
+    ``sync`` (e.g. ``torch.cuda.synchronize``) makes each mark wait for the
+    queued kernels.
+
+    Parameters
+    ----------
+    sync : callable, optional
+        Called before every mark.
+
+    Examples
+    --------
+    >>> clock = PhaseClock()
+    >>> clock.start()
+    >>> first = clock.lap()
+    >>> second = clock.lap()
+    >>> first >= 0 and second >= 0 and clock.total == first + second
+    True
+    """
+
+    def __init__(self, sync: Callable[[], object] | None = None) -> None:
+        self._sync = sync
+        self._start = self._last = time.perf_counter()
+
+    def _now(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
+
+    def start(self) -> None:
+        """Begin a call: the next :meth:`lap` measures from here."""
+        self._start = self._last = self._now()
+
+    def lap(self) -> float:
+        """Seconds since the previous mark (or :meth:`start`)."""
+        now = self._now()
+        elapsed, self._last = now - self._last, now
+        return elapsed
+
+    @property
+    def total(self) -> float:
+        """Seconds from :meth:`start` to the latest :meth:`lap`."""
+        return self._last - self._start
+
+
+def timed_rounds(
+    workloads: Mapping[K, Callable[[], object]],
+    *,
+    rounds: int,
+    inner: int = 1,
+    warmup: int = 0,
+    reduce: Callable[[list[float]], float] = statistics.fmean,
+    alternate: bool = True,
+    progress: Callable[[range], Iterable[int]] | None = None,
+) -> dict[K, dict[str, list[float]]]:
+    """Time several workloads in rounds, each round running every workload ``inner`` times.
+
+    Within a round the workloads run one after the other, in the mapping's order
+    on even rounds and in reverse order on odd rounds (with ``alternate``), so
+    that no workload always runs right after the same other one. Load that
+    drifts during the measurement then affects every workload alike.
+
+    Parameters
+    ----------
+    workloads : mapping of key -> callable
+        A call either returns nothing, and the harness times it (phase
+        ``"total"``), or returns a mapping ``{phase: seconds}`` it measured
+        itself (e.g. with a :class:`PhaseClock`).
+    rounds : int
+        Number of rounds (samples per workload and phase).
+    inner : int, default 1
+        Calls per workload and round; their times are combined by ``reduce``.
+    warmup : int, default 0
+        Untimed calls of each workload (interleaved the same way) before the rounds.
+    reduce : callable, default statistics.fmean
+        Combines the ``inner`` times of one round into its sample.
+    alternate : bool, default True
+        Reverse the order on odd rounds.
+    progress : callable, optional
+        Wraps ``range(rounds)`` (e.g. a progress bar).
+
+    Returns
+    -------
+    dict
+        ``{key: {phase: [one sample per round]}}``.
+
+    Examples
+    --------
+    >>> out = timed_rounds({"a": lambda: None, "b": lambda: {"x": 2.0}}, rounds=3, inner=2)
+    >>> len(out["a"]["total"]), out["b"]
+    (3, {'x': [2.0, 2.0, 2.0]})
+    """
+    if rounds < 1 or inner < 1 or warmup < 0:
+        raise ValueError(
+            f"need rounds >= 1, inner >= 1 and warmup >= 0, got {rounds}, {inner}, {warmup}"
+        )
+    keys = list(workloads)
+    for _ in range(warmup):
+        for key in keys:
+            workloads[key]()
+
+    def call(fn: Callable[[], object]) -> Mapping[str, float]:
+        start = time.perf_counter()
+        phases = fn()
+        elapsed = time.perf_counter() - start
+        return phases if isinstance(phases, Mapping) else {TOTAL: elapsed}
+
+    out: dict[K, dict[str, list[float]]] = {key: {} for key in keys}
+    rng = range(rounds) if progress is None else progress(range(rounds))
+    for k in rng:
+        order = keys[::-1] if alternate and k % 2 else keys
+        for key in order:
+            calls = [call(workloads[key]) for _ in range(inner)]
+            for phase in calls[0]:
+                sample = reduce([float(c[phase]) for c in calls])
+                out[key].setdefault(phase, []).append(sample)
+    return out
 
 
 def interleave(
@@ -69,31 +204,24 @@ def interleave(
 
     The order within a pair alternates (A B, B A, A B, ...) so that neither side
     always runs right after the other's cache footprint. Each sample is the
-    mean over ``inner`` consecutive calls.
+    mean over ``inner`` consecutive calls. Built on :func:`timed_rounds`.
 
     Returns
     -------
     Paired
         Seconds per call of each side.
     """
-    for _ in range(warmup):
-        run_a()
-        run_b()
 
-    def sample(fn: Callable[[], object]) -> float:
-        return sum(_timed(fn) for _ in range(inner)) / inner
+    def timed(fn: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            fn()
 
-    out = Paired()
-    for k in range(repeat):
-        if k % 2 == 0:
-            ta = sample(run_a)
-            tb = sample(run_b)
-        else:
-            tb = sample(run_b)
-            ta = sample(run_a)
-        out.a.append(ta)
-        out.b.append(tb)
-    return out
+        return run
+
+    out = timed_rounds(
+        {"a": timed(run_a), "b": timed(run_b)}, rounds=repeat, inner=inner, warmup=warmup
+    )
+    return Paired(a=out["a"][TOTAL], b=out["b"][TOTAL])
 
 
 def load_average() -> tuple[float, float, float] | None:
@@ -104,20 +232,35 @@ def load_average() -> tuple[float, float, float] | None:
         return None
 
 
-def machine_info() -> dict[str, str]:
-    """CPU model, core count, memory, library versions: the context of a measurement."""
-    info: dict[str, str] = {"platform": platform.platform(), "python": platform.python_version()}
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else the processor or architecture.
+
+    Examples
+    --------
+    >>> isinstance(cpu_model(), str) and cpu_model() != ""
+    True
+    """
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    info["cpu"] = cpu
-    info["logical cores"] = str(os.cpu_count())
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict[str, str]:
+    """CPU model, core count, memory, library versions: the context of a measurement."""
+    import amopt
+
+    info: dict[str, str] = {
+        "amopt": amopt.__version__,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "logical cores": str(os.cpu_count()),
+    }
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             total = int(fh.readline().split()[1])

@@ -1,4 +1,4 @@
-"""``python -m amopt.experiments NAME [--quick] [--out DIR] [--seed N] ...``"""
+"""``python -m amopt.experiments NAME [--quick] [--out DIR] [--data-dir DIR] [--seed N] ...``"""
 
 from __future__ import annotations
 
@@ -44,8 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir",
         type=Path,
         default=None,
-        help="shared data folder (default: $AMOPT_SHARED_DATA, else ../shared/data "
-        "next to the repository root)",
+        metavar="DIR",
+        help="data folder (default: $AMOPT_DATA_DIR, else ~/.cache/amopt) with the layout "
+        "libsvm/<LIBSVM file>, fashion-mnist/<the four *-ubyte.gz IDX files>, "
+        "text/tinyshakespeare/input.txt; LIBSVM and tiny-shakespeare downloads go there too",
+    )
+    parser.add_argument(
+        "--no-download",
+        dest="download",
+        action="store_false",
+        help="never download: use only the data folder and the data sets bundled with amopt",
     )
     parser.add_argument(
         "--datasets",
@@ -92,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             quick=args.quick,
             seed=args.seed,
             data_dir=args.data_dir,
+            download=args.download,
             quiet=args.quiet,
             threads=args.threads,
             device=args.device,

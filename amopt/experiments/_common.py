@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import math
 import os
@@ -44,7 +45,11 @@ class RunContext:
     seed : int
         Base seed; every random choice of the experiment derives from it.
     data_dir : pathlib.Path or None
-        ``--data-dir`` (else ``$AMOPT_SHARED_DATA``, else ``../shared/data``).
+        ``--data-dir``: the data folder (None: ``$AMOPT_DATA_DIR``, else
+        ``~/.cache/amopt``; see :mod:`amopt.experiments._data` for its layout).
+    download : bool
+        Download a missing data set that has a public URL and a checksum into the
+        data folder (``--no-download`` turns it off).
     quiet : bool
         No progress bars and no log lines.
     threads : int
@@ -61,6 +66,7 @@ class RunContext:
     quick: bool = False
     seed: int = 0
     data_dir: Path | None = None
+    download: bool = True
     quiet: bool = False
     threads: int = 1
     device: str = "auto"
@@ -238,60 +244,50 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def environment() -> dict[str, Any]:
-    """Versions and machine facts recorded with every result."""
+    """Versions and machine facts recorded with every result.
+
+    The amopt version, Python, NumPy and SciPy versions, the CPU model and core
+    count, and the torch and transformers versions where installed (read from the
+    package metadata, so a run that does not use torch does not import it); the
+    CUDA device when torch is already imported and sees one.
+    """
     import numpy
     import scipy
 
+    import amopt
+    from amopt.bench._timing import cpu_model
+
     env: dict[str, Any] = {
+        "amopt": amopt.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu": cpu_model(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "numpy": numpy.__version__,
         "scipy": scipy.__version__,
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
-    try:
-        import amopt
-
-        env["amopt"] = amopt.__version__
-    except Exception:  # pragma: no cover - amopt is importable here
-        pass
-    env.update(_git_state())
+    for package in ("torch", "transformers"):
+        version = _installed_version(package)
+        if version is not None:
+            env[package] = version
     if "torch" in sys.modules:
         import torch
 
-        env["torch"] = torch.__version__
         env["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    if "transformers" in sys.modules:
-        env["transformers"] = sys.modules["transformers"].__version__
     return env
 
 
-def _git_state() -> dict[str, Any]:
-    """The checkout's commit and the files of ``amopt/`` with uncommitted changes (read-only)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
+def _installed_version(package: str) -> str | None:
+    """The version of an imported or installed distribution, or None (nothing imported)."""
+    module = sys.modules.get(package)
+    if module is not None and hasattr(module, "__version__"):
+        return str(module.__version__)
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "amopt"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if head.returncode != 0:
-        return {}
-    return {
-        "git_commit": head.stdout.strip(),
-        "git_uncommitted": [line[3:] for line in dirty.stdout.splitlines() if line.strip()],
-    }
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 # --------------------------------------------------------------------------- plots

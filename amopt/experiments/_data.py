@@ -1,16 +1,27 @@
 """Where the experiments find their data, and the loaders for images, text and LIBSVM files.
 
-The shared data folder is, in order: ``--data-dir`` / the ``data_dir`` argument,
-the environment variable ``AMOPT_SHARED_DATA``, ``../shared/data`` next to the
-repository root, ``../shared/data`` from the working directory. Its layout::
+Every data set lives in one data folder ``<data>``: the ``--data-dir`` option (the
+``data_dir`` argument), else the environment variable ``AMOPT_DATA_DIR``, else
+``~/.cache/amopt``. It is the folder :mod:`amopt.datasets` caches its LIBSVM
+downloads in. Its layout::
 
-    libsvm/a9a, libsvm/w8a, libsvm/mushrooms, libsvm/ijcnn1.trn.bz2,
-    libsvm/variants/PanHaulin+CFNPM/phishing, libsvm/derived/madelon
-    fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
-    text/tinyshakespeare/input.txt
+    <data>/libsvm/a9a, libsvm/w8a, libsvm/mushrooms     LIBSVM files, original names
+    <data>/libsvm/ijcnn1.trn.bz2                        ijcnn1 (train + validation)
+    <data>/libsvm/variants/PanHaulin+CFNPM/phishing     phishing, zero-based indices
+    <data>/libsvm/derived/madelon                       madelon (UCI train set)
+    <data>/fashion-mnist/train-images-idx3-ubyte.gz     Fashion-MNIST, the four IDX files
+                        /train-labels-idx1-ubyte.gz
+                        /t10k-images-idx3-ubyte.gz
+                        /t10k-labels-idx1-ubyte.gz
+    <data>/text/tinyshakespeare/input.txt               tiny-shakespeare (1,115,394 bytes)
 
-Fashion-MNIST is also found where the Debian package ``dataset-fashion-mnist``
-installs it (``/usr/share/datasets/fashion-mnist``).
+A LIBSVM set missing there is loaded through :func:`amopt.datasets.load_libsvm`
+by its registry name: the copies bundled with amopt (``mushrooms``, ``a1a``), or
+a download from the LIBSVM site into ``<data>/libsvm/``. tiny-shakespeare is
+downloaded into its place when missing (checked by SHA-256). Fashion-MNIST is
+also found where the Debian package ``dataset-fashion-mnist`` installs it
+(``/usr/share/datasets/fashion-mnist``). ``--no-download`` (``download=False``)
+turns every download off.
 """
 
 from __future__ import annotations
@@ -25,8 +36,12 @@ import numpy as np
 __all__ = [
     "ENV_VAR",
     "FASHION_MNIST_FILES",
+    "LAYOUT",
     "LIBSVM_SETS",
-    "candidate_dirs",
+    "TEXT_SHA256",
+    "TEXT_URL",
+    "data_folder",
+    "fetch_text",
     "find_fashion_mnist",
     "load_fashion_mnist",
     "load_logreg_problem",
@@ -35,10 +50,8 @@ __all__ = [
     "split_text",
 ]
 
-#: Environment variable naming the shared data folder.
-ENV_VAR = "AMOPT_SHARED_DATA"
-#: Repository root (the folder holding ``amopt/``).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Environment variable naming the data folder (shared with :mod:`amopt.datasets`).
+ENV_VAR = "AMOPT_DATA_DIR"
 #: Where the Debian package ``dataset-fashion-mnist`` puts the files.
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 #: The four IDX files of Fashion-MNIST.
@@ -48,10 +61,20 @@ FASHION_MNIST_FILES = (
     "t10k-images-idx3-ubyte.gz",
     "t10k-labels-idx1-ubyte.gz",
 )
-#: Relative path of the tiny-shakespeare corpus in the shared data folder.
+#: Relative path of the tiny-shakespeare corpus in the data folder.
 TEXT_FILE = Path("text/tinyshakespeare/input.txt")
+#: The tiny-shakespeare corpus of karpathy/char-rnn, and its SHA-256.
+TEXT_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+TEXT_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+#: The expected layout of the data folder, as shown in error messages.
+LAYOUT = (
+    "libsvm/<LIBSVM file> (e.g. libsvm/a9a), fashion-mnist/<the four *-ubyte.gz IDX files>, "
+    "text/tinyshakespeare/input.txt"
+)
 
-#: The paper's LIBSVM sets available here: name -> (path under the data folder, loader kwargs).
+#: The paper's LIBSVM sets: name -> (path under the data folder, loader kwargs).
 LIBSVM_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "a9a": ("libsvm/a9a", {"n_features": 123}),
     "w8a": ("libsvm/w8a", {"n_features": 300}),
@@ -65,32 +88,27 @@ LIBSVM_SETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def candidate_dirs(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """The shared data folders to search, most specific first.
+def data_folder(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The data folder: ``data_dir``, else ``$AMOPT_DATA_DIR``, else ``~/.cache/amopt``.
 
-    An explicit ``data_dir`` is the only candidate; otherwise ``$AMOPT_SHARED_DATA``
-    (if set), ``<repo>/../shared/data`` and ``./../shared/data``.
+    Examples
+    --------
+    >>> str(data_folder("/tmp/amopt-data"))
+    '/tmp/amopt-data'
     """
-    if data_dir is not None:
-        return [Path(data_dir).expanduser()]
-    dirs = []
-    env = os.environ.get(ENV_VAR)
-    if env:
-        dirs.append(Path(env).expanduser())
-    dirs.append((REPO_ROOT.parent / "shared" / "data").resolve())
-    cwd = (Path.cwd().parent / "shared" / "data").resolve()
-    if cwd not in dirs:
-        dirs.append(cwd)
-    return dirs
+    from amopt.datasets import get_data_home
+
+    return get_data_home(data_dir)
 
 
 def _where_to_put(what: str, relative: str, data_dir: Any, extra: str = "") -> str:
-    looked = "\n".join(f"  - {d / relative}" for d in candidate_dirs(data_dir))
+    folder = data_folder(data_dir)
     return (
-        f"{what} not found. Looked in:\n{looked}\n{extra}"
-        f"Put the files at <data>/{relative} where <data> is the shared data folder, and "
-        f"point to it with --data-dir DIR or the environment variable {ENV_VAR}=DIR "
-        f"(default: ../shared/data next to the repository root)."
+        f"{what} not found at {folder / relative}.\n{extra}"
+        f"Put the data at <data>/{relative}, where <data> is the data folder: --data-dir DIR "
+        f"(data_dir= in Python), else the environment variable {ENV_VAR}=DIR, else "
+        f"~/.cache/amopt "
+        f"(now: {folder}). Layout of <data>: {LAYOUT}."
     )
 
 
@@ -135,26 +153,24 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
 def find_fashion_mnist(data_dir: str | os.PathLike[str] | None = None) -> Path:
     """The folder holding the four Fashion-MNIST IDX files.
 
-    Searches ``<data>/fashion-mnist`` (and ``<data>`` itself) for each candidate
-    data folder, then ``/usr/share/datasets/fashion-mnist``.
+    Searches ``<data>/fashion-mnist``, ``<data>`` itself, then
+    ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``).
 
     Raises
     ------
     FileNotFoundError
-        With the folders searched and where to put the files.
+        With the folders searched, the files needed and where to put them.
     """
-    places = []
-    for d in candidate_dirs(data_dir):
-        places += [d / "fashion-mnist", d]
-    places.append(DEBIAN_FASHION_MNIST)
+    folder = data_folder(data_dir)
+    places = [folder / "fashion-mnist", folder, DEBIAN_FASHION_MNIST]
     for place in places:
         if all((place / f).is_file() for f in FASHION_MNIST_FILES):
             return place
     extra = (
-        f"  - {DEBIAN_FASHION_MNIST} (Debian package dataset-fashion-mnist)\n"
-        f"Needed files: {', '.join(FASHION_MNIST_FILES)} (IDX, gzip), from "
-        "https://github.com/zalandoresearch/fashion-mnist or `apt-get install "
-        "dataset-fashion-mnist`.\n"
+        f"Also looked in {folder} and {DEBIAN_FASHION_MNIST} (Debian package "
+        f"dataset-fashion-mnist). Needed files: {', '.join(FASHION_MNIST_FILES)} (IDX, gzip), "
+        "from https://github.com/zalandoresearch/fashion-mnist (data/fashion/) or "
+        "`apt-get install dataset-fashion-mnist`.\n"
     )
     raise FileNotFoundError(_where_to_put("Fashion-MNIST", "fashion-mnist/", data_dir, extra))
 
@@ -194,23 +210,61 @@ def load_fashion_mnist(
 # --------------------------------------------------------------------------- text
 
 
+def fetch_text(
+    data_dir: str | os.PathLike[str] | None = None, *, download: bool = True, timeout: float = 60.0
+) -> Path:
+    """Path of ``<data>/text/tinyshakespeare/input.txt``, downloading it once if missing.
+
+    The download comes from :data:`TEXT_URL` and must have the SHA-256
+    :data:`TEXT_SHA256`; it is written atomically.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file is missing and ``download`` is false, or the download failed
+        (offline, wrong checksum); the message says where to put the file.
+    """
+    from amopt.datasets import ChecksumError, DownloadError
+    from amopt.datasets._download import _download
+
+    path = data_folder(data_dir) / TEXT_FILE
+    if path.is_file():
+        return path
+    extra = f"tiny-shakespeare is {TEXT_URL} (1,115,394 bytes, sha256 {TEXT_SHA256}).\n"
+    if not download:
+        extra = "Downloading is off (--no-download). " + extra
+        raise FileNotFoundError(_where_to_put("tiny-shakespeare", str(TEXT_FILE), data_dir, extra))
+    try:
+        return _download(TEXT_URL, path, TEXT_SHA256, timeout)
+    except (DownloadError, ChecksumError) as exc:
+        extra = f"The download failed: {exc}\n"
+        raise FileNotFoundError(
+            _where_to_put("tiny-shakespeare", str(TEXT_FILE), data_dir, extra)
+        ) from exc
+
+
 def load_text(
     path: str | os.PathLike[str] | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    *,
+    download: bool = True,
 ) -> np.ndarray:
     """A text corpus as a uint8 byte array (byte-level vocabulary of 256).
 
     Parameters
     ----------
     path : path-like, optional
-        A text file; default ``<data>/text/tinyshakespeare/input.txt``.
+        A text file; default ``<data>/text/tinyshakespeare/input.txt`` (see
+        :func:`fetch_text`).
     data_dir : path-like, optional
-        The shared data folder (see the module docstring).
+        The data folder (see the module docstring).
+    download : bool, default True
+        Download tiny-shakespeare when it is missing.
 
     Raises
     ------
     FileNotFoundError
-        With the places searched and where to put the file.
+        With the place searched, the layout and where to put the file.
     """
     if path is not None:
         p = Path(path).expanduser()
@@ -219,13 +273,9 @@ def load_text(
                 f"text file {p} not found; pass an existing file, or omit it to use "
                 f"<data>/{TEXT_FILE} (tiny-shakespeare)"
             )
-        return np.frombuffer(p.read_bytes(), dtype=np.uint8).copy()
-    for d in candidate_dirs(data_dir):
-        p = d / TEXT_FILE
-        if p.is_file():
-            return np.frombuffer(p.read_bytes(), dtype=np.uint8).copy()
-    extra = "The corpus is karpathy/char-rnn data/tinyshakespeare/input.txt (1,115,394 bytes).\n"
-    raise FileNotFoundError(_where_to_put("tiny-shakespeare", str(TEXT_FILE), data_dir, extra))
+    else:
+        p = fetch_text(data_dir, download=download)
+    return np.frombuffer(p.read_bytes(), dtype=np.uint8).copy()
 
 
 def split_text(data: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
@@ -247,10 +297,21 @@ def split_text(data: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarray,
 
 
 def load_logreg_problem(
-    spec: str, data_dir: str | os.PathLike[str] | None = None
+    spec: str, data_dir: str | os.PathLike[str] | None = None, *, download: bool = True
 ) -> tuple[str, Any, str]:
-    """Logistic regression (``l2 = 0``) on a LIBSVM set: a name of :data:`LIBSVM_SETS`,
-    a file path, or a name bundled with amopt (``mushrooms``, ``a1a``).
+    """Logistic regression (``l2 = 0``) on a LIBSVM set.
+
+    Parameters
+    ----------
+    spec : str
+        A name of :data:`LIBSVM_SETS` (read from ``<data>/<its path>`` when
+        there), a file path, or a name of the :mod:`amopt.datasets` registry
+        (bundled ``mushrooms`` / ``a1a``; others are downloaded into
+        ``<data>/libsvm/``).
+    data_dir : path-like, optional
+        The data folder (see the module docstring).
+    download : bool, default True
+        Allow the registry to download a missing file.
 
     Returns
     -------
@@ -258,43 +319,42 @@ def load_logreg_problem(
         Short name for tables.
     problem : amopt.problems.LogisticRegression
     source : str
-        The file that was read (or ``"bundled:<name>"``).
+        The file that was read, ``"bundled:<name>"``, or ``"amopt.datasets:<name>"``.
 
     Raises
     ------
     FileNotFoundError
-        If a known set is missing from the data folder (and not bundled), or a
-        path does not exist; the message says where to put the file.
+        If the set is in neither place and cannot be downloaded, or a path does
+        not exist; the message says where to put the file.
     """
-    from amopt.datasets import load_libsvm
+    from amopt.datasets import dataset_info, load_libsvm
     from amopt.problems import LogisticRegression
 
-    if spec in LIBSVM_SETS:
+    folder = data_folder(data_dir)
+    if spec in LIBSVM_SETS and (folder / LIBSVM_SETS[spec][0]).is_file():
         rel, kwargs = LIBSVM_SETS[spec]
-        for d in candidate_dirs(data_dir):
-            if (d / rel).is_file():
-                name, path, source = spec, d / rel, str(d / rel)
-                X, y = load_libsvm(path, **kwargs)
-                break
-        else:
-            if spec in ("mushrooms", "a1a"):
-                name, source = spec, f"bundled:{spec}"
-                X, y = load_libsvm(spec)
-            else:
-                raise FileNotFoundError(_where_to_put(f"LIBSVM data set {spec!r}", rel, data_dir))
-    elif Path(spec).expanduser().is_file():
-        path = Path(spec).expanduser()
-        name, source = path.name, str(path)
+        X, y = load_libsvm(folder / rel, **kwargs)
+        return spec, LogisticRegression(X, y), str(folder / rel)
+    path = Path(spec).expanduser()
+    if spec not in LIBSVM_SETS and path.is_file():
         X, y = load_libsvm(path)
-    else:
-        try:
-            X, y = load_libsvm(spec, download=False)
-        except (FileNotFoundError, KeyError, ValueError, OSError) as exc:
-            known = ", ".join(LIBSVM_SETS)
-            raise FileNotFoundError(
-                f"{spec!r} is not an existing file, a set of the shared data folder ({known}) "
-                f"or a bundled/cached amopt data set ({exc}). "
-                + _where_to_put("it", "libsvm/<file>", data_dir)
-            ) from exc
-        name, source = spec, f"amopt.datasets:{spec}"
-    return name, LogisticRegression(X, y), source
+        return path.name, LogisticRegression(X, y), str(path)
+    try:
+        info = dataset_info(spec)
+    except KeyError as exc:
+        known = ", ".join(LIBSVM_SETS)
+        raise FileNotFoundError(
+            f"{spec!r} is not an existing file, a set of the data folder ({known}) or a "
+            f"registered amopt.datasets name ({exc.args[0]}). "
+            + _where_to_put("it", "libsvm/<file>", data_dir)
+        ) from None
+    try:
+        X, y = load_libsvm(spec, cache_dir=data_dir, download=download)
+    except OSError as exc:  # missing with download off, DownloadError, ChecksumError
+        rel = LIBSVM_SETS[spec][0] if spec in LIBSVM_SETS else f"libsvm/{info.file_name}"
+        extra = f"Loading it through amopt.datasets failed: {exc}\n"
+        raise FileNotFoundError(
+            _where_to_put(f"LIBSVM data set {spec!r}", rel, data_dir, extra)
+        ) from exc
+    source = f"bundled:{spec}" if info.bundled else f"amopt.datasets:{spec}"
+    return spec, LogisticRegression(X, y), source

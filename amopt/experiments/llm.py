@@ -27,11 +27,15 @@ iteration (forward, backward, clipping, step) and of ``optimizer.step()`` alone
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 import time
 from typing import Any
 
 import numpy as np
+
+from amopt.bench._timing import PhaseClock, timed_rounds
 
 from ._common import RunContext, markdown_table, pyplot, save_figure, torch_threads
 from ._data import load_text, split_text
@@ -276,23 +280,14 @@ def _train(
     val = [(0, batches.val_loss(model))]
     bar = ctx.progress(total=total, desc=label, unit="step")
     diverged = False
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    clock = _clock(device)
     for step in range(total):
         x = batches.train_batch(step)
-        sync()
-        t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        sync()
-        t1 = time.perf_counter()
-        opt.step()
-        sync()
-        t2 = time.perf_counter()
+        phases = _iteration(model, opt, x, cfg["grad_clip"], clock)
+        loss = phases["loss"]
         sched.step()
-        iter_s.append(t2 - t0)
-        step_s.append(t2 - t1)
+        iter_s.append(phases["iter"])
+        step_s.append(phases["step"])
         value = loss.item()
         train_loss.append(value)
         if opt_name == "AM-AdamW":
@@ -325,39 +320,58 @@ def _train(
     return out
 
 
+def _clock(device: str) -> PhaseClock:
+    """A phase clock that waits for the GPU's queued work before each mark."""
+    import torch
+
+    return PhaseClock(torch.cuda.synchronize if device.startswith("cuda") else None)
+
+
+def _iteration(
+    model: Any, opt: Any, x: Any, grad_clip: float, clock: PhaseClock
+) -> dict[str, Any]:
+    """One training iteration on the batch ``x``, timed in phases.
+
+    Returns ``{"iter": s, "step": s, "loss": tensor}``: the whole iteration
+    (forward, backward, clipping, step) and ``optimizer.step()`` alone, in seconds.
+    """
+    import torch
+
+    clock.start()
+    loss = model(input_ids=x, labels=x).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    clock.lap()
+    opt.step()
+    step = clock.lap()
+    return {"iter": clock.total, "step": step, "loss": loss}
+
+
 def _timing(
     ctx: RunContext, size: dict[str, int], cfg: dict[str, Any], batches: _Batches, seed: int
 ) -> dict[str, Any]:
     """Median per-iteration and per-``step()`` seconds of AdamW and AM-AdamW.
 
     Every implementation of :data:`IMPLEMENTATIONS` that the installed torch and amopt
-    support is timed; all setups alternate within each round. A ``fused=True`` that
-    falls back to another implementation (warning) is reported as unavailable.
+    support is timed with :func:`amopt.bench._timing.timed_rounds`: in each round
+    every setup runs ``iters`` iterations on a fixed batch (the round's sample is
+    their median), the setups alternating in order from round to round; the result
+    is the median over the rounds. A ``fused=True`` that falls back to another
+    implementation (warning) is reported as unavailable.
     """
     import warnings
 
-    import torch
-
     tcfg = cfg["timing"]
     device = batches.device
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     x = batches.train_batch(0)
+    clock = _clock(device)
     setups = {}
     unavailable: dict[str, str] = {}
 
-    def one(model: Any, opt: Any) -> tuple[float, float]:
-        sync()
-        t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        sync()
-        t1 = time.perf_counter()
-        opt.step()
-        sync()
-        t2 = time.perf_counter()
-        return t2 - t0, t2 - t1
+    def one(model: Any, opt: Any) -> dict[str, float]:
+        phases = _iteration(model, opt, x, cfg["grad_clip"], clock)
+        return {"iter": phases["iter"], "step": phases["step"]}
 
     for impl, flags in IMPLEMENTATIONS.items():
         pair = {}
@@ -376,14 +390,13 @@ def _timing(
         if len(pair) == 2:
             for name, mo in pair.items():
                 setups[(name, impl)] = mo
-    times: dict[tuple[str, str], dict[str, list[float]]] = {
-        k: {"iter": [], "step": []} for k in setups
-    }
-    for _ in ctx.progress(range(tcfg["rounds"]), desc="timing", unit="round"):
-        for key, (model, opt) in setups.items():
-            it, st = zip(*(one(model, opt) for _ in range(tcfg["iters"])), strict=True)
-            times[key]["iter"].append(float(np.median(it)))
-            times[key]["step"].append(float(np.median(st)))
+    times = timed_rounds(
+        {key: functools.partial(one, *mo) for key, mo in setups.items()},
+        rounds=tcfg["rounds"],
+        inner=tcfg["iters"],
+        reduce=statistics.median,
+        progress=lambda rounds: ctx.progress(rounds, desc="timing", unit="round"),
+    )
     out: dict[str, Any] = {"unavailable": unavailable}
     for (name, impl), t in times.items():
         out[f"{name} {impl}"] = {
@@ -432,7 +445,7 @@ def _run(ctx: RunContext) -> dict[str, Any]:
     sizes = QUICK_SIZES if ctx.quick else SIZES
     t_start = time.perf_counter()
     device = ctx.torch_device()
-    data = load_text(data_dir=ctx.data_dir)
+    data = load_text(data_dir=ctx.data_dir, download=ctx.download)
     train, val = split_text(data, 0.1)
     ctx.log(f"[llm] {len(train)} training bytes, {len(val)} held-out bytes, on {device}")
     plan = _plan(cfg)

@@ -60,7 +60,7 @@ def _datasets(ctx: RunContext) -> list[str]:
 
 def _load(ctx: RunContext, spec: str) -> tuple[str, Any, str, float, float]:
     t0 = time.perf_counter()
-    name, prob, source = load_logreg_problem(spec, ctx.data_dir)
+    name, prob, source = load_logreg_problem(spec, ctx.data_dir, download=ctx.download)
     t1 = time.perf_counter()
     f_star = float(prob.f_star)
     ctx.log(

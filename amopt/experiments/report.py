@@ -47,7 +47,7 @@ def build_report(out: Path) -> str:
         "('holds' = in every case measured, 'partly' = in some, 'does not hold' = in none); "
         "they describe this scale only.",
         "",
-        f"Machine: {env.get('processor', '?')}, {env.get('cpu_count', '?')} CPUs, "
+        f"Machine: {env.get('cpu', env.get('processor', '?'))}, {env.get('cpu_count', '?')} CPUs, "
         f"{env.get('platform', '?')}; Python {env.get('python', '?')}, NumPy "
         f"{env.get('numpy', '?')}, SciPy {env.get('scipy', '?')}"
         + (f", torch {env['torch']}" if "torch" in env else "")

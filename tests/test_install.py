@@ -1,0 +1,118 @@
+"""The installed package works on its own: no checkout, no ``../shared/data``, no git.
+
+A wheel is built from a copy of the sources, installed (without dependencies)
+into a fresh virtual environment that sees the system's packages (numpy, scipy,
+torch, ...), and the three commands of the README are run from an empty folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import amopt
+from amopt.__main__ import main as demo_main
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 180
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    """A wheel of the sources installed into a fresh venv; its python, a work folder, an env."""
+    tmp = tmp_path_factory.mktemp("install")
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(
+        ROOT / "amopt", src / "amopt", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["AMOPT_DATA_DIR"] = str(tmp / "data")  # an empty data folder: only bundled data
+    env.pop("AMOPT_A9A", None)
+    wheels = tmp / "wheels"
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(wheels), str(src)],
+        tmp,
+        env,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("amopt-*.whl")
+    venv = tmp / "venv"
+    _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp, env)
+    python = venv / "bin" / "python"
+    _run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+         tmp, env)  # fmt: skip
+    work = tmp / "work"
+    work.mkdir()
+    return {"python": str(python), "venv": venv, "wheel": wheel, "work": work, "env": env}
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_bundled_data(installed):
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    for f in ("mushrooms.bz2", "a1a.bz2"):
+        assert f"amopt/datasets/data/{f}" in names
+    assert "amopt/experiments/__main__.py" in names and "amopt/bench/_timing.py" in names
+    assert not any(n.startswith(("tests/", "docs/", "asv_benchmarks/")) for n in names)
+
+
+@pytest.mark.slow
+def test_installed_demo_matches_the_sources(installed, capsys):
+    py, work, env = installed["python"], installed["work"], installed["env"]
+    where = _run([py, "-c", "import amopt; print(amopt.__file__)"], work, env).stdout.strip()
+    assert Path(where).is_relative_to(installed["venv"]), where  # the wheel, not the checkout
+    out = _run([py, "-m", "amopt", "--maxiter", "20"], work, env).stdout
+    assert "logistic regression on mushrooms: n=8124, d=112" in out
+    assert demo_main(["--maxiter", "20"]) == 0
+    here = capsys.readouterr().out
+
+    def values(text: str) -> dict[str, str]:  # method -> f(x_T), without the timings
+        return {line[:32].strip(): line[32:].split()[0] for line in text.splitlines()[2:]}
+
+    assert values(out) == values(here) and len(values(out)) == 4
+
+
+@pytest.mark.slow
+def test_installed_bench_quick(installed):
+    py, work, env = installed["python"], installed["work"], installed["env"]
+    out = _run([py, "-m", "amopt.bench", "--quick", "--repeat", "3"], work, env).stdout
+    assert f"Machine: amopt: {amopt.__version__}; " in out and "QUICK sizes" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "metric" not in line]
+    assert len(rows) == 7
+    core = next(r for r in rows if "NumPy core" in r)
+    assert float(core.split("|")[4].split()[0]) > 0  # the measured ratio
+    a9a = Path(env["AMOPT_DATA_DIR"]) / "libsvm" / "a9a"
+    assert f"skipped: a9a not found at {a9a}" in out and "--data-dir" in out
+
+
+@pytest.mark.slow
+def test_installed_experiment_quick(installed):
+    py, work, env = installed["python"], installed["work"], installed["env"]
+    proc = _run([py, "-m", "amopt.experiments", "quadratic", "--quick", "--out", "res"], work, env)
+    assert "quadratic: done" in proc.stderr
+    res = json.loads((work / "res" / "quadratic" / "results.json").read_text())
+    env_rec = res["environment"]
+    assert env_rec["amopt"] == amopt.__version__ and env_rec["cpu"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", env_rec["python"]) and "numpy" in env_rec
+    assert not any(k.startswith("git") for k in env_rec)
+    assert res["quick"] is True and res["summary"]["problems"]
+    assert (work / "res" / "quadratic" / "quadratic.png").stat().st_size > 10_000
