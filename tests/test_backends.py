@@ -143,6 +143,4 @@ def test_backend_is_not_part_of_the_package():
     import amopt.backends
 
     assert "Backend" not in amopt.backends.__all__
-    with pytest.warns(DeprecationWarning, match="library_available"):
-        legacy = amopt.backends.Backend
-    assert legacy.NUMPY.is_importable() and not hasattr(amopt.backends, "Nope")
+    assert not hasattr(amopt.backends, "Backend")

@@ -70,12 +70,17 @@ def apply_threads() -> None:
 
 
 def a9a_path() -> Path:
-    """The a9a LIBSVM file: ``$AMOPT_A9A`` or ``../shared/data/libsvm/a9a`` of the checkout."""
+    """The a9a LIBSVM file: ``$AMOPT_A9A``, else ``libsvm/a9a`` in the data folder.
+
+    The data folder is ``$AMOPT_DATA_DIR`` (default ``~/.cache/amopt``), the one
+    :mod:`amopt.datasets` and ``python -m amopt.bench --data-dir`` use.
+    """
     env = os.environ.get("AMOPT_A9A")
     if env:
         return Path(env)
-    root = Path(__file__).resolve().parents[2]
-    return root.parent / "shared" / "data" / "libsvm" / "a9a"
+    from amopt.datasets import get_data_home
+
+    return get_data_home() / "libsvm" / "a9a"
 
 
 def torch_devices() -> list[str]:
@@ -89,14 +94,14 @@ def torch_devices() -> list[str]:
 
 def array_backends() -> list[str]:
     """Array backends of the core benchmarks available here: numpy, torch, cupy, torch-cuda."""
-    from amopt.backends import Backend
+    from amopt.backends import library_available
 
     names = ["numpy"]
-    if Backend.TORCH.is_importable():
+    if library_available("torch"):
         names.append("torch")
         if "cuda" in torch_devices():
             names.append("torch-cuda")
-    if Backend.CUPY.is_importable():
+    if library_available("cupy"):
         names.append("cupy")
     return names
 
