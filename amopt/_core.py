@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from amopt import _numpy_fast
+from amopt import _numpy_fast, _rule
 from amopt._config import AMConfig
 from amopt._reduce import (
     Array,
@@ -29,15 +29,7 @@ from amopt._reduce import (
     row,
     scopes,
 )
-from amopt._rule import (
-    NUMERATORS,
-    VARIANTS,
-    adam_beta,
-    adam_correction,
-    adam_weights,
-    momentum_beta,
-)
-from amopt._rule import apply_variant as _rule_variant
+from amopt._rule import NUMERATORS, VARIANTS
 from amopt.backends import array_namespace
 
 __all__ = [
@@ -148,7 +140,7 @@ def am_beta(
     cfg = _Bounds(float(lam), float(beta_max))
     exact = f_decrease is not None
     sums, _ = momentum_sums(xp, gs, ds, [tuple(range(len(gs)))], exact=exact)
-    beta, _ = momentum_beta(xp, row(sums, 0), cfg, lr=lr, f_decrease=f_decrease)
+    beta, _ = _rule.momentum_beta(xp, row(sums, 0), cfg, lr=lr, f_decrease=f_decrease)
     return beta
 
 
@@ -177,7 +169,7 @@ def apply_variant(
     cfg = _cfg(
         variant=variant, beta_min=beta_min, theta=theta, beta_high=beta_high, beta_low=beta_low
     )
-    return _rule_variant(array_namespace(beta), beta, cfg)
+    return _rule.apply_variant(array_namespace(beta), beta, cfg)
 
 
 # --------------------------------------------------------------------------- GD / heavy ball
@@ -425,7 +417,7 @@ def am_momentum_step(
     new_d: list[Array] = list(ds)
     betas = []
     for k, scope in enumerate(scope_list):
-        beta, gamma = momentum_beta(xp, row(sums, k), config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(xp, row(sums, k), config, lr=lr, f_decrease=f_decrease)
         for i in scope:
             coef = _to(xp, gamma, gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
@@ -598,11 +590,11 @@ def am_adam_beta(
     xp = array_namespace(*gs, *ds, *xs, *ps)
     cfg = _Bounds(float(lam), float(beta_max))
     exact = f_decrease is not None
-    weights = adam_weights(cfg, lr=lr, weight_decay=weight_decay, exact=exact)
+    weights = _rule.adam_weights(cfg, lr=lr, weight_decay=weight_decay, exact=exact)
     sums = adam_sums(
         xp, gs, ds, xs, ps, [tuple(range(len(gs)))], lam=cfg.lam, weights=weights, exact=exact
     )
-    return adam_beta(
+    return _rule.adam_beta(
         xp, row(sums, 0), cfg, lr=lr, weight_decay=weight_decay, f_decrease=f_decrease
     )
 
@@ -708,17 +700,19 @@ def am_adam_step(
     prods = []
     for scope in scope_list:
         prod = state.beta1_prod[scope[0]]
-        c = adam_correction(prod, config)
+        c = _rule.adam_correction(prod, config)
         for i in scope:
             ps[i] = _to(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
         prods.append(prod)
-    weights = adam_weights(config, lr=lr, weight_decay=wd, exact=exact)
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, exact=exact)
     sums = adam_sums(xp, gs, ds, xs, ps, scope_list, lam=lam, weights=weights, exact=exact)
     new_d, new_x = list(ds), list(xs)
     new_prods: list[Array] = list(state.beta1_prod)
     betas_out = []
     for k, scope in enumerate(scope_list):
-        beta = adam_beta(xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease)
+        beta = _rule.adam_beta(
+            xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease
+        )
         for i in scope:
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]
             b = _to(xp, beta, g.dtype)

@@ -188,11 +188,12 @@ def test_fused_step_bumps_version_counters():
 
 def test_fused_and_foreach_together_are_rejected():
     p = [torch.nn.Parameter(torch.zeros(3))]
-    with pytest.raises(ValueError, match="`fused` and `foreach` cannot both be True"):
+    # as torch.optim: a RuntimeError
+    with pytest.raises(RuntimeError, match="`fused` and `foreach` cannot be `True` together"):
         AMAdamW(p, fused=True, foreach=True)
-    with pytest.raises(ValueError, match="`fused` and `foreach` cannot both be True"):
+    with pytest.raises(RuntimeError, match="`fused` and `foreach` cannot be `True` together"):
         AMSGD(p, lr=0.1, fused=True, foreach=True)
-    with pytest.raises(ValueError, match=r"Invalid fused: 1"):
+    with pytest.raises(TypeError, match=r"fused must be True, False or None; got fused=1"):
         AMSGD(p, lr=0.1, fused=1)
 
 
