@@ -26,7 +26,7 @@ from amopt.torch._common import (
     rule_by_rows,
     total,
 )
-from amopt.torch._fused import fused_am_adamw, warn_fallback
+from amopt.torch._fused import fused_am_adamw, unscale_grads, warn_fallback
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
@@ -541,17 +541,29 @@ def _fused_am_adamw(
     exp_avg_sqs: list[Tensor],
     state_steps: list[Tensor],
     beta1_prods: list[Tensor],
+    *,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
     **hyper: Any,
-) -> tuple[list[Tensor], list[Tensor]]:
-    """The fused CPU kernels; the foreach path where they cannot run (with a warning)."""
-    cfg = hyper["config"]
-    legacy = {k: v for k, v in hyper.items() if k != "config"}
-    legacy.update(beta1=cfg.beta_max, lam=cfg.lam, per_layer=cfg.per_layer, variant=cfg.variant)
-    legacy.update(beta_min=cfg.beta_min, theta=cfg.theta, beta_high=cfg.beta_high)
-    legacy.update(beta_low=cfg.beta_low)
-    out = fused_am_adamw(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **legacy)
+) -> tuple[list[Tensor], list[Tensor]] | None:
+    """The fused CPU kernels; the foreach path where they cannot run (with a warning).
+
+    ``None`` when ``found_inf`` skipped the step (nothing was modified).
+    """
+    out = fused_am_adamw(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        state_steps,
+        beta1_prods,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
+        **hyper,
+    )
     if isinstance(out, str):
         warn_fallback(out)
+        grads = unscale_grads(grads, grad_scale)
         return _multi_tensor_am_adamw(
             params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper
         )

@@ -24,7 +24,7 @@ from amopt.torch._common import (
     rule_by_rows,
     total,
 )
-from amopt.torch._fused import fused_amsgd, warn_fallback
+from amopt.torch._fused import fused_amsgd, unscale_grads, warn_fallback
 
 __all__ = ["AMSGD", "amsgd"]
 
@@ -441,17 +441,27 @@ def _fused_amsgd(
     grads: list[Tensor],
     momentum_buffer_list: list[Tensor | None],
     state_steps: list[Tensor],
+    *,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
     **hyper: Any,
-) -> list[Tensor]:
-    """The fused CPU kernels; the foreach path where they cannot run (with a warning)."""
-    cfg = hyper["config"]
-    legacy = {k: v for k, v in hyper.items() if k != "config"}
-    legacy.update(lam=cfg.lam, beta_max=cfg.beta_max, per_layer=cfg.per_layer)
-    legacy.update(variant=cfg.variant, beta_min=cfg.beta_min, theta=cfg.theta)
-    legacy.update(beta_high=cfg.beta_high, beta_low=cfg.beta_low)
-    out = fused_amsgd(params, grads, momentum_buffer_list, state_steps, **legacy)
+) -> list[Tensor] | None:
+    """The fused CPU kernels; the foreach path where they cannot run (with a warning).
+
+    ``None`` when ``found_inf`` skipped the step (nothing was modified).
+    """
+    out = fused_amsgd(
+        params,
+        grads,
+        momentum_buffer_list,
+        state_steps,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
+        **hyper,
+    )
     if isinstance(out, str):
         warn_fallback(out)
+        grads = unscale_grads(grads, grad_scale)
         return _multi_tensor_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
     return out
 
