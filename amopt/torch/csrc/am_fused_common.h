@@ -31,24 +31,6 @@
 #define AM_MAX_SUMS 3
 #define AM_MAX_THREADS 256
 #define AM_INLINE static inline __attribute__((always_inline))
-#ifndef AM_PF_BYTES
-#define AM_PF_BYTES 1024
-#endif
-
-/* Software prefetch of the block AM_PF_BYTES ahead of [b0, b1) in each stream. */
-#define AM_PREFETCH_BLOCK(b0, b1, hi, s1, s2, s3, s4, use4)                                 \
-    do {                                                                                     \
-        const int64_t pf_ = AM_PF_BYTES / (int64_t)sizeof(*(s1));                            \
-        const int64_t step_ = 64 / (int64_t)sizeof(*(s1));                                   \
-        int64_t e_ = (b1) + pf_ < (hi) ? (b1) + pf_ : (hi);                                  \
-        for (int64_t q_ = (b0) + pf_; q_ < e_; q_ += step_) {                                \
-            __builtin_prefetch(&(s1)[q_], 0, 3);                                             \
-            __builtin_prefetch(&(s2)[q_], 0, 3);                                             \
-            __builtin_prefetch(&(s3)[q_], 0, 3);                                             \
-            if (use4) __builtin_prefetch(&(s4)[q_], 0, 3);                                   \
-        }                                                                                    \
-    } while (0)
-
 /* The apply pass walks a range in chunks of AM_CHUNK elements taken from the end: the
    chunks the reduce pass read last are still in the last-level cache. Each chunk is
    walked forwards, the direction the hardware prefetchers follow best. */

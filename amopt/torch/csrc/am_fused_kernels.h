@@ -38,7 +38,6 @@ AM_INLINE void AM_FN(sgd_reduce_range)(int64_t lo, int64_t hi, const TYPE *restr
     for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
         TYPE bv = 0, bg = 0, bd = 0;
-        AM_PREFETCH_BLOCK(b0, b1, hi, g, (first ? g : d), x, x, has_wd);
 #pragma omp simd reduction(+ : bv, bg, bd)
         for (int64_t i = b0; i < b1; i++) {
             TYPE gi = g[i] * gmul;
@@ -102,7 +101,6 @@ AM_INLINE void AM_FN(sgd_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
     AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
     for (int64_t b0 = c0; b0 < c1; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < c1 ? b0 + AM_BLOCK : c1;
-        AM_PREFETCH_BLOCK(b0, b1, c1, g, x, (first ? x : d), x, 0);
 #pragma omp simd
         for (int64_t i = b0; i < b1; i++) {
             TYPE gi = g[i] * gmul, xi = x[i];
@@ -150,9 +148,11 @@ AM_EXPORT int AM_FN(sgd_apply)(int64_t count, const int64_t *numel, void *const 
 
 /* ================================================================== AM-Adam(W) */
 
-/* Constants of one tensor, in the parameter dtype. */
+/* Constants of one tensor, in the parameter dtype. With cs = c sqrt(1/bias2) and
+   ce = c eps, the preconditioner is p = c (eps + sqrt(v / bias2)) = sqrt(v) cs + ce. */
 typedef struct {
-    TYPE gmul, l2, beta2, omb2, eps, lam, c, ib2, a0, a1, a2, a3, a4, mlr, decay, shrink;
+    TYPE gmul, l2, beta2, omb2, cs, ce, lam, mlr, decay, shrink;
+    double a[5];
 } AM_FN(adam_k);
 
 /* hp: gmul, l2, beta2, eps, lam, lr, decay, shrink, a0, a1, a2, a3, a4 */
@@ -163,59 +163,62 @@ static inline AM_FN(adam_k)
     k.l2 = (TYPE)hp[1];
     k.beta2 = (TYPE)hp[2];
     k.omb2 = (TYPE)(1.0 - hp[2]);
-    k.eps = (TYPE)hp[3];
+    k.cs = (TYPE)((double)c * sqrt(ib2));
+    k.ce = (TYPE)((double)c * hp[3]);
     k.lam = (TYPE)hp[4];
     k.mlr = (TYPE)(-hp[5]);
     k.decay = (TYPE)hp[6];
     k.shrink = (TYPE)hp[7];
-    k.a0 = (TYPE)hp[8];
-    k.a1 = (TYPE)hp[9];
-    k.a2 = (TYPE)hp[10];
-    k.a3 = (TYPE)hp[11];
-    k.a4 = (TYPE)hp[12];
-    k.c = c;
-    k.ib2 = (TYPE)ib2;
+    for (int q = 0; q < 5; q++) k.a[q] = hp[8 + q];
     return k;
 }
 
-/* reduce over [lo, hi): v update, then with p = c (eps + sqrt(v ib2)), w = 1/(p (1+lam p)),
-   r = 1/p = w (1 + lam p), u = 1/(1 + lam p) = p w, e = w (d-g)^2:
-     N = sum a0 g^2/p + a1 u (d-g)^2 + a2 g d/p + a3 g x + a4 d x
-       = sum r g (a0 g + a2 d) + a1 p e + x (a3 g + a4 d)
-     D = sum e,   ref = sum w (d^2 + g^2)                                             */
+/* reduce over [lo, hi): v update, then with w = 1/(p (1 + lam p)), 1/p = w (1 + lam p),
+   u = 1/(1 + lam p) = p w and e = w (d-g)^2 the five numerator sums
+     S0 = sum g^2/p, S1 = sum u (d-g)^2 = sum p e, S2 = sum g d/p, S3 = sum g x, S4 = sum d x
+   (S2..S4 only when one of their weights is nonzero), D = sum e and ref = sum w (d^2 + g^2).
+   Each block's N = sum_k a_k S_k is formed in double. */
 AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
                                         const TYPE *restrict g, const TYPE *restrict d,
                                         TYPE *restrict v, const AM_FN(adam_k) *k,
-                                        const int has_l2, const int has_x, am_sum *acc) {
-    const TYPE gmul = k->gmul, l2 = k->l2, beta2 = k->beta2, omb2 = k->omb2, ib2 = k->ib2;
-    const TYPE eps = k->eps, c = k->c, lam = k->lam;
-    const TYPE a0 = k->a0, a1 = k->a1, a2 = k->a2, a3 = k->a3, a4 = k->a4;
+                                        const int has_gmul, const int has_l2,
+                                        const int has_x, am_sum *acc) {
+    const TYPE gmul = k->gmul, l2 = k->l2, beta2 = k->beta2, omb2 = k->omb2;
+    const TYPE cs = k->cs, ce = k->ce, lam = k->lam;
+    const double *a = k->a;
     for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
-        TYPE bn = 0, bd = 0, br = 0;
-        AM_PREFETCH_BLOCK(b0, b1, hi, g, d, v, x, has_l2 || has_x);
-#pragma omp simd reduction(+ : bn, bd, br)
+        TYPE s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, sd = 0, sr = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, sd, sr)
         for (int64_t i = b0; i < b1; i++) {
-            TYPE gi = g[i] * gmul, di = d[i];
+            TYPE gi = g[i], di = d[i];
+            if (has_gmul) gi = gi * gmul;
             if (has_l2) gi = gi + l2 * x[i];
             TYPE gg = gi * gi;
             TYPE vn = v[i] * beta2 + omb2 * gg;
             v[i] = vn;
-            TYPE p = (SQRT(vn * ib2) + eps) * c;
+            TYPE p = SQRT(vn) * cs + ce;
             TYPE one_lp = (TYPE)1 + lam * p;
             TYPE w = (TYPE)1 / (p * one_lp);
-            TYPE r = w * one_lp;
+            TYPE ip = w * one_lp;
             TYPE dv = di - gi;
             TYPE e = w * (dv * dv);
-            TYPE t = r * (gi * (a0 * gi + a2 * di)) + a1 * (p * e);
-            if (has_x) t += x[i] * (a3 * gi + a4 * di);
-            bn += t;
-            bd += e;
-            br += w * (di * di + gg);
+            s0 += ip * gg;
+            s1 += p * e;
+            if (has_x) {
+                TYPE xi = x[i];
+                s2 += ip * (gi * di);
+                s3 += gi * xi;
+                s4 += di * xi;
+            }
+            sd += e;
+            sr += w * (di * di + gg);
         }
-        am_add(&acc[0], (double)bn);
-        am_add(&acc[1], (double)bd);
-        am_add(&acc[2], (double)br);
+        double num = a[0] * (double)s0 + a[1] * (double)s1;
+        if (has_x) num += a[2] * (double)s2 + a[3] * (double)s3 + a[4] * (double)s4;
+        am_add(&acc[0], num);
+        am_add(&acc[1], (double)sd);
+        am_add(&acc[2], (double)sr);
     }
 }
 
@@ -223,8 +226,8 @@ static void AM_FN(adam_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, cons
                                    TYPE *v, const AM_FN(adam_k) *k, int64_t nt, double *out) {
     int nthr = am_nthreads(n, nt);
     am_sum parts[AM_MAX_SUMS * AM_MAX_THREADS];
-    const int has_l2 = k->l2 != (TYPE)0;
-    const int has_x = k->a3 != (TYPE)0 || k->a4 != (TYPE)0;
+    const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
+    const int has_x = k->a[2] != 0.0 || k->a[3] != 0.0 || k->a[4] != 0.0;
     int used = 1;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
@@ -234,13 +237,13 @@ static void AM_FN(adam_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, cons
         am_range(n, tid, T, &lo, &hi);
         am_sum *acc = &parts[tid * AM_MAX_SUMS];
         for (int j = 0; j < AM_MAX_SUMS; j++) acc[j].s = acc[j].c = 0.0;
-        if (has_l2) {
-            if (has_x) AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, 1, acc);
-            else AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, 0, acc);
-        } else {
-            if (has_x) AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 1, acc);
-            else AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, acc);
-        }
+        /* specialised loops for the common cases, one general loop for the rest */
+        if (has_gmul || has_l2)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, has_l2, has_x, acc);
+        else if (has_x)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, 1, acc);
+        else
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, 0, acc);
     }
     am_combine(parts, used, 3, out);
 }
@@ -260,38 +263,44 @@ AM_EXPORT int AM_FN(adam_reduce)(int64_t count, const int64_t *numel, void *cons
     return 0;
 }
 
-/* apply over [lo, hi): d = g + (beta + lam p)/(1 + lam p) (d - g), then
-   mode 0 (decoupled): x = decay x - lr d/p;  mode 1 (proximal): x = shrink (x - lr d/p). */
+/* x update of the apply pass: mode 0 (decoupled) x = decay x - lr s, mode 1 (proximal)
+   x = shrink (x - lr s), with s = d / p. */
+#define AM_X_UPDATE(xi, s, mlr, decay, shrink, mode, has_wd)                                 \
+    do {                                                                                     \
+        if ((mode) == 1) {                                                                   \
+            xi = xi + (mlr) * (s);                                                           \
+            if (has_wd) xi = xi * (shrink);                                                  \
+        } else {                                                                             \
+            if (has_wd) xi = xi * (decay);                                                   \
+            xi = xi + (mlr) * (s);                                                           \
+        }                                                                                    \
+    } while (0)
+
+/* apply over [lo, hi), recomputing p from v:
+   d = g + (beta + lam p)/(1 + lam p) (d - g), then the x update. */
 AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
                                        const TYPE *restrict g, TYPE *restrict d,
                                        const TYPE *restrict v, const AM_FN(adam_k) *k,
-                                       const TYPE beta, const int has_l2, const int mode,
-                                       const int has_wd) {
-    const TYPE gmul = k->gmul, l2 = k->l2, ib2 = k->ib2, eps = k->eps, c = k->c;
-    const TYPE lam = k->lam, mlr = k->mlr, decay = k->decay, shrink = k->shrink;
+                                       const TYPE beta, const int has_gmul, const int has_l2,
+                                       const int mode, const int has_wd) {
+    const TYPE gmul = k->gmul, l2 = k->l2, cs = k->cs, ce = k->ce, lam = k->lam;
+    const TYPE mlr = k->mlr, decay = k->decay, shrink = k->shrink;
     AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
     for (int64_t b0 = c0; b0 < c1; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < c1 ? b0 + AM_BLOCK : c1;
-        AM_PREFETCH_BLOCK(b0, b1, c1, g, d, v, x, 1);
 #pragma omp simd
         for (int64_t i = b0; i < b1; i++) {
-            TYPE gi = g[i] * gmul, xi = x[i];
+            TYPE gi = g[i], xi = x[i];
+            if (has_gmul) gi = gi * gmul;
             if (has_l2) gi = gi + l2 * xi;
-            TYPE p = (SQRT(v[i] * ib2) + eps) * c;
+            TYPE p = SQRT(v[i]) * cs + ce;
             TYPE lp = lam * p;
             TYPE one_lp = (TYPE)1 + lp;
             TYPE w = (TYPE)1 / (p * one_lp);
             TYPE coef = (beta + lp) * (p * w); /* (beta + lam p) / (1 + lam p) */
             TYPE dn = (d[i] - gi) * coef + gi;
             d[i] = dn;
-            TYPE step = dn * (one_lp * w); /* d / p */
-            if (mode == 1) {
-                xi = xi + mlr * step;
-                if (has_wd) xi = xi * shrink;
-            } else {
-                if (has_wd) xi = xi * decay;
-                xi = xi + mlr * step;
-            }
+            AM_X_UPDATE(xi, dn * (one_lp * w), mlr, decay, shrink, mode, has_wd);
             x[i] = xi;
         }
     }
@@ -301,22 +310,21 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
 static void AM_FN(adam_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, const TYPE *v,
                                   const AM_FN(adam_k) *k, TYPE beta, int mode, int64_t nt) {
     int nthr = am_nthreads(n, nt);
-    const int has_l2 = k->l2 != (TYPE)0;
+    const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
     const int has_wd = mode == 1 ? k->shrink != (TYPE)1 : k->decay != (TYPE)1;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
         AM_THREAD_ID(tid, T)
         int64_t lo, hi;
         am_range(n, tid, T, &lo, &hi);
-        if (mode == 1) {
-            if (has_wd) AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 1, 1);
-            else AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 1, 0);
-        } else if (has_l2) {
-            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, 0, 0);
+        if (has_gmul || has_l2) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, has_l2, mode, has_wd);
+        } else if (mode == 1) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 1, has_wd);
         } else if (has_wd) {
-            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 1);
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 0, 1);
         } else {
-            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 0);
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 0, 0);
         }
     }
 }
