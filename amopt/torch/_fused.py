@@ -73,22 +73,25 @@ __all__ = [
     "fused_am_adamw",
     "fused_amsgd",
     "fused_status",
+    "installed_library",
     "library",
+    "private_directory",
+    "source_hash",
     "unscale_grads",
     "warn_fallback",
 ]
 
 ABI_VERSION = 2
 CSRC = Path(__file__).resolve().parent / "csrc"
+#: The kernel sources, hashed in this order (as ``setup.py`` does).
 SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h")
-#: Name of the extension module built at install time (``setup.py``).
+#: Name of the extension built at install time (``setup.py``).
 EXTENSION = "_am_fused"
 ISAS = ("base", "avx2", "avx512")
-_CPU_FEATURE_LEVELS = {"baseline": 0, "base": 0, "none": 0, "avx2": 1, "avx512": 2}
+_CPU_FEATURE_LEVELS = {"baseline": 0, "base": 0, "avx2": 1, "avx512": 2}
 _MODES = {"decoupled": 0, "proximal": 1, "l2": 0}
 _DTYPES = (torch.float32, torch.float64)
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _BASE_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=fast", "-std=c99", "-fPIC", "-shared")
 # tried in order until one compiles: OpenMP threads, then SIMD pragmas only, then plain C
 _FLAG_SETS = (("-fopenmp",), ("-fopenmp-simd",), ())
@@ -104,7 +107,7 @@ class FusedFallbackWarning(UserWarning):
 
 
 class UnsafeKernelPath(RuntimeError):
-    """A kernel library or directory that another user could have written: never loaded."""
+    """A kernel library or directory another user could have written: never loaded."""
 
 
 # --------------------------------------------------------------------------- trusted paths
@@ -115,12 +118,13 @@ def _uid() -> int | None:
     return getuid() if getuid is not None else None
 
 
-def _check_owned_private(path: Path, st: os.stat_result, what: str) -> None:
-    """``path`` (already ``lstat``-ed) must be ours and writable by nobody else."""
+def _check_private(path: Path, st: os.stat_result, what: str, *, root_ok: bool = False) -> None:
+    """``path`` (``st`` from ``lstat``) must be ours (or root's) and writable by nobody else."""
     uid = _uid()
     if stat.S_ISLNK(st.st_mode):
         raise UnsafeKernelPath(f"{what} {path} is a symbolic link")
-    if uid is not None and st.st_uid != uid:
+    owners = (uid, 0) if root_ok else (uid,)
+    if uid is not None and st.st_uid not in owners:
         raise UnsafeKernelPath(
             f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
         )
@@ -133,8 +137,8 @@ def _check_owned_private(path: Path, st: os.stat_result, what: str) -> None:
 def _check_ancestors(path: Path) -> None:
     """No directory above ``path`` lets another user replace it.
 
-    Each ancestor must be owned by this user or root, and not writable by others
-    unless it has the sticky bit (as ``/tmp``), which stops them renaming our entries.
+    Each must be owned by this user or root, and not writable by others unless it has
+    the sticky bit (as ``/tmp``), which stops them renaming or removing our entries.
     """
     uid = _uid()
     for parent in path.parents:
@@ -156,18 +160,18 @@ def private_directory(path: str | os.PathLike[str]) -> Path:
     Parameters
     ----------
     path : path-like
-        The directory (its missing parents are created with the default mode).
+        The directory (missing parents are created with the default mode).
 
     Returns
     -------
     Path
-        The resolved directory.
+        The directory, symbolic links resolved.
 
     Raises
     ------
     UnsafeKernelPath
-        The directory is a symbolic link, is owned by another user, is writable by
-        group or others, or sits below a directory another user can write in.
+        It is not a directory, is owned by another user, is writable by group or
+        others, or sits below a directory another user can write in.
     OSError
         It cannot be created.
     """
@@ -182,31 +186,29 @@ def private_directory(path: str | os.PathLike[str]) -> Path:
     st = os.lstat(real)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeKernelPath(f"kernel cache {real} is not a directory")
-    _check_owned_private(real, st, "kernel cache directory")
+    _check_private(real, st, "kernel cache directory")
     _check_ancestors(real)
     return real
 
 
-def _sha256(path: Path) -> str:
+def _sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _check_library_file(path: Path, *, allow_root: bool = False) -> None:
+def _check_library_file(path: Path, *, root_ok: bool = False) -> None:
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeKernelPath(f"kernel library {path} is not a regular file")
-    uid = _uid()
-    owners = (uid, 0) if allow_root else (uid,)
-    if uid is not None and st.st_uid not in owners:
-        raise UnsafeKernelPath(f"kernel library {path} is owned by uid {st.st_uid}")
-    if st.st_mode & 0o022:
-        raise UnsafeKernelPath(
-            f"kernel library {path} is writable by group or others "
-            f"(mode {stat.S_IMODE(st.st_mode):o})"
-        )
+    _check_private(path, st, "kernel library", root_ok=root_ok)
 
 
 # --------------------------------------------------------------------------- build
+
+
+def source_hash() -> str:
+    """SHA-256 of the kernel sources (``csrc/``); a library built from others is refused."""
+    data = b"\0".join((CSRC / name).read_bytes() for name in SOURCES)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _compiler() -> list[str]:
@@ -228,23 +230,23 @@ def _compiler_version(cc: list[str]) -> str:
         return ""
 
 
-def _source_bytes() -> bytes:
-    return b"\0".join((CSRC / name).read_bytes() for name in SOURCES)
-
-
 def library_name(cc: list[str]) -> str:
-    """File name of the run-time build: a hash of the sources, compiler and flags."""
+    """File name of the run-time build: a hash of the sources, the compiler and the flags.
+
+    No ``-march=native``: the library holds every ISA variant and picks one at load
+    time, so the name does not depend on the CPU.
+    """
     key = hashlib.sha256(
-        b"\0".join(
+        "\0".join(
             [
-                _source_bytes(),
-                " ".join(cc).encode(),
-                _compiler_version(cc).encode(),
-                repr((_BASE_FLAGS, _FLAG_SETS, ABI_VERSION)).encode(),
-                platform.system().encode(),
-                platform.machine().encode(),
+                source_hash(),
+                " ".join(cc),
+                _compiler_version(cc),
+                repr((_BASE_FLAGS, _FLAG_SETS, ABI_VERSION)),
+                platform.system(),
+                platform.machine(),
             ]
-        )
+        ).encode()
     ).hexdigest()[:20]
     suffix = sysconfig.get_config_var("SHLIB_SUFFIX") or ".so"
     return f"amopt_fused_{key}{suffix}"
@@ -259,8 +261,9 @@ def compile_library(cc: list[str], out: Path) -> list[str]:
         No flag set compiles (the message holds each compiler error).
     """
     errors = []
+    define = f'-DAM_SOURCE_HASH="{source_hash()}"'
     for extra in _FLAG_SETS:
-        cmd = [*cc, *_BASE_FLAGS, *extra, str(CSRC / SOURCES[0]), "-o", str(out), "-lm"]
+        cmd = [*cc, *_BASE_FLAGS, *extra, define, str(CSRC / SOURCES[0]), "-o", str(out), "-lm"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -275,13 +278,14 @@ def compile_library(cc: list[str], out: Path) -> list[str]:
 def _build_into(cc: list[str], directory: Path, name: str) -> Path:
     """Build ``directory/name`` and record its SHA-256 in ``directory/name.sha256``.
 
-    Both files appear atomically (written under a temporary name, then renamed).
+    Both files appear atomically (written under a temporary name in the same private
+    directory, then renamed), the library with mode 0700 and its record with 0600.
     """
     target = directory / name
     with tempfile.TemporaryDirectory(prefix="amopt-build-") as tmp:
         built = Path(tmp) / name
         compile_library(cc, built)
-        digest = _sha256(built)
+        digest = _sha256_file(built)
         staged = directory / f".{name}.{os.getpid()}.tmp"
         shutil.copyfile(built, staged)
         os.chmod(staged, 0o700)
@@ -294,25 +298,40 @@ def _build_into(cc: list[str], directory: Path, name: str) -> Path:
 
 
 def _verified(path: Path) -> bool:
-    """The library exists, is ours and private, and matches the SHA-256 recorded with it."""
+    """The library and its record exist, are ours and private, and the SHA-256 matches."""
     record = path.with_name(path.name + ".sha256")
-    if not path.exists() or not record.exists():
+    if not os.path.lexists(path) or not os.path.lexists(record):
         return False
     _check_library_file(path)
     _check_library_file(record)
-    return record.read_text(encoding="ascii").strip() == _sha256(path)
+    return record.read_text(encoding="ascii").strip() == _sha256_file(path)
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    """Load a kernel library that matches this ABI and these sources."""
+    lib = ctypes.CDLL(str(path))
+    lib.am_abi_version.restype = ctypes.c_int
+    version = lib.am_abi_version()
+    if version != ABI_VERSION:
+        raise RuntimeError(f"{path} has kernel ABI {version}, expected {ABI_VERSION}")
+    lib.am_source_hash.restype = ctypes.c_char_p
+    if lib.am_source_hash().decode() != source_hash():
+        raise RuntimeError(f"{path} was built from other kernel sources than these")
+    return lib
 
 
 def _load_cached(cc: list[str], directory: Path) -> tuple[ctypes.CDLL, Path]:
-    """The verified library of the current sources in ``directory``, built if needed."""
-    name = library_name(cc)
-    target = directory / name
+    """The verified library of these sources in the private ``directory``, built if needed.
+
+    A library whose SHA-256 does not match its record, or that does not load, is rebuilt.
+    """
+    target = directory / library_name(cc)
     if _verified(target):
         try:
             return _open(target), target
         except (OSError, RuntimeError):
-            pass  # a library that does not load (or is stale) is rebuilt
-    _build_into(cc, directory, name)
+            pass
+    _build_into(cc, directory, target.name)
     if not _verified(target):
         raise UnsafeKernelPath(f"kernel library {target} changed after it was built")
     return _open(target), target
@@ -327,62 +346,51 @@ def cache_directory() -> Path:
     return Path(base) / "amopt" / "kernels"
 
 
-def _installed_library() -> Path | None:
+def installed_library() -> Path | None:
+    """The library ``pip install`` built next to this module, if there is one."""
     here = Path(__file__).resolve().parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         candidate = here / f"{EXTENSION}{suffix}"
-        if candidate.exists():
+        if os.path.lexists(candidate):
             return candidate
     return None
 
 
-def _open(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    version = lib.am_abi_version()
-    if version != ABI_VERSION:
-        raise RuntimeError(f"{path} has kernel ABI {version}, expected {ABI_VERSION}")
-    return lib
+def _open_installed(path: Path) -> ctypes.CDLL:
+    _check_library_file(path, root_ok=True)
+    st = os.lstat(path.parent)
+    _check_private(path.parent, st, "package directory", root_ok=True)
+    return _open(path)
 
 
 def _find_library(notes: list[str]) -> tuple[ctypes.CDLL, Path, str]:
     """The kernel library: installed, else cached (private directory), else temporary."""
-    installed = _installed_library()
+    installed = installed_library()
     if installed is not None:
         try:
-            _check_library_file(installed, allow_root=True)
-            parent = installed.parent
-            pst = os.stat(parent)
-            if pst.st_mode & 0o022 or pst.st_uid not in (_uid(), 0):
-                raise UnsafeKernelPath(
-                    f"package directory {parent} is writable by another user or not ours"
-                )
-            return _open(installed), installed, "installed"
+            return _open_installed(installed), installed, "installed"
         except (OSError, RuntimeError) as exc:
             notes.append(f"installed library not used ({exc})")
     cc = _compiler()
     if not cc:
         raise RuntimeError(
             "no C compiler found (set CC, or install cc/gcc/clang), and no library "
-            "was built at install time" + (f"; {'; '.join(notes)}" if notes else "")
+            "built at install time" + "".join(f"; {note}" for note in notes)
         )
     try:
         directory = private_directory(cache_directory())
+        lib, path = _load_cached(cc, directory)
+        return lib, path, "cache"
     except (OSError, UnsafeKernelPath) as exc:
-        notes.append(f"cache directory refused ({exc})")
-    else:
-        try:
-            lib, path = _load_cached(cc, directory)
-            return lib, path, "cache"
-        except OSError as exc:  # a read-only cache: the private temporary directory below
-            notes.append(f"cache directory not usable ({exc})")
-    tmp = Path(tempfile.mkdtemp(prefix="amopt-kernels-"))
+        notes.append(f"kernel cache not used ({exc})")
+    tmp = Path(tempfile.mkdtemp(prefix="amopt-kernels-"))  # mode 0700, unpredictable name
     atexit.register(shutil.rmtree, tmp, True)
     lib, path = _load_cached(cc, private_directory(tmp))
     return lib, path, "temporary"
 
 
 class _Kernels:
-    """The loaded library with the functions of the selected ISA variant bound."""
+    """The loaded library, with the functions of the selected ISA variant bound."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, origin: str) -> None:
         self.lib, self.path, self.origin = lib, path, origin
@@ -413,12 +421,13 @@ class _Kernels:
 
 
 def _requested_level() -> int:
+    """The highest ISA variant allowed by ``AMOPT_CPU_FEATURES`` (default: any)."""
     value = os.environ.get("AMOPT_CPU_FEATURES", "").strip().lower()
     if not value:
         return len(ISAS) - 1
     if value not in _CPU_FEATURE_LEVELS:
         raise ValueError(
-            f"AMOPT_CPU_FEATURES must be one of {sorted(set(_CPU_FEATURE_LEVELS))}; "
+            f"AMOPT_CPU_FEATURES must be one of {', '.join(_CPU_FEATURE_LEVELS)}; "
             f"got AMOPT_CPU_FEATURES={value!r}"
         )
     return _CPU_FEATURE_LEVELS[value]
@@ -434,15 +443,15 @@ def library() -> _Kernels | None:
     with _lock:
         if _state["tried"]:
             return _state["lib"]
+        notes: list[str] = []
         try:
             if os.environ.get("AMOPT_FUSED", "1").strip().lower() in ("0", "false", "no", "off"):
                 raise RuntimeError("disabled by AMOPT_FUSED=0")
-            notes: list[str] = []
             lib, path, origin = _find_library(notes)
-            kernels = _Kernels(lib, path, origin)
-            _state.update(lib=kernels, path=str(path), notes=notes)
+            _state.update(lib=_Kernels(lib, path, origin), path=str(path))
         except Exception as exc:  # noqa: BLE001 - any failure means "use the fallback"
             _state["error"] = f"{type(exc).__name__}: {exc}"
+        _state["notes"] = notes
         _state["tried"] = True
     return _state["lib"]
 
@@ -454,15 +463,17 @@ def fused_status() -> dict[str, object]:
     -------
     dict
         ``available`` (bool), ``path`` (the shared library), ``origin``
-        (``"installed"``, ``"cache"`` or ``"temporary"``), ``isa`` (the variant in use:
-        ``"base"``, ``"avx2"`` or ``"avx512"``), ``openmp`` (bool), ``error`` (the
-        reason they are unavailable, or ``None``).
+        (``"installed"``: built by ``pip install``; ``"cache"``: built on first use in
+        the kernel cache; ``"temporary"``: built in a private temporary directory for
+        this process), ``isa`` (the variant in use: ``"base"``, ``"avx2"`` or
+        ``"avx512"``), ``openmp`` (bool), ``notes`` (why an earlier place was not
+        used) and ``error`` (why the kernels are unavailable, or ``None``).
 
     Examples
     --------
     >>> from amopt.torch._fused import fused_status
     >>> sorted(fused_status())
-    ['available', 'error', 'isa', 'openmp', 'origin', 'path']
+    ['available', 'error', 'isa', 'notes', 'openmp', 'origin', 'path']
     """
     lib = library()
     return {
@@ -471,6 +482,7 @@ def fused_status() -> dict[str, object]:
         "origin": lib.origin if lib is not None else None,
         "isa": lib.isa if lib is not None else None,
         "openmp": lib.openmp if lib is not None else False,
+        "notes": list(_state.get("notes", [])),
         "error": _state.get("error"),
     }
 

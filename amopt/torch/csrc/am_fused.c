@@ -12,7 +12,7 @@
  *   am_adam_reduce_<T>_<ISA>   v = beta2 v + (1 - beta2) g^2 (in place) and the sums
  *                              [N, D, ref] of each tensor
  *   am_adam_apply_<T>_<ISA>    d = g + (beta + lam p) / (1 + lam p) (d - g), then x
- *   am_cpu_level, am_isa_built, am_openmp, am_abi_version
+ *   am_cpu_level, am_isa_built, am_openmp, am_abi_version, am_source_hash
  *
  * The three ISA variants come from one source compiled three times in this translation
  * unit under different target options (am_fused_kernels.h, included once per variant);
@@ -108,3 +108,10 @@ AM_EXPORT int am_openmp(void) {
 
 /* Bumped whenever an exported signature changes; the loader refuses another value. */
 AM_EXPORT int am_abi_version(void) { return AM_ABI_VERSION; }
+
+/* SHA-256 of the sources this library was built from (set by the build); the loader
+   refuses a library whose sources are not the ones installed next to it. */
+#ifndef AM_SOURCE_HASH
+#define AM_SOURCE_HASH ""
+#endif
+AM_EXPORT const char *am_source_hash(void) { return AM_SOURCE_HASH; }
