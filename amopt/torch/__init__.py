@@ -17,8 +17,8 @@ amsgd, am_adamw
 
 Every optimizer exposes :meth:`~AMSGD.latest_betas` (the betas of the last step
 as device tensors, cheap enough to log every step). ``fused=True`` selects fused
-CPU kernels (two passes over memory per step, compiled with the system C
-compiler on first use; see ``amopt.torch._fused``), with a fallback to the
+CPU kernels (two passes over memory per step, built by ``pip install`` or with
+the system C compiler on first use; see ``amopt.torch._fused``), with a fallback to the
 foreach implementation where they do not apply. Requires the ``torch``
 extra: ``pip install amopt[torch]``.
 """

@@ -125,14 +125,14 @@ class AMAdamW(AMOptimizerBase):
     fused : bool or None, default None
         Fused CPU kernels: two passes over memory per step (one reduction pass,
         one update pass) instead of the many passes of the foreach path, and no
-        temporary full-size buffers. They are compiled with the system C
-        compiler on first use and cached (see ``amopt.torch._fused``). Groups
+        temporary full-size buffers. They are built by ``pip install``, or with
+        the system C compiler on first use (see ``amopt.torch._fused``). Groups
         the kernels do not handle (non-CPU tensors, dtypes other than
         float32/float64, non-contiguous tensors), or a machine without a C
         compiler, use the foreach implementation with a
         ``FusedFallbackWarning``. Same iterates as the single-tensor
         implementation up to float rounding (blocked reductions, see
-        ``amopt.torch._fused_src``).
+        ``amopt/torch/csrc/am_fused.c``).
         ``None`` means ``False``. Cannot be combined with ``foreach=True``.
 
     Notes
