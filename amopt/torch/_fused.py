@@ -867,16 +867,18 @@ def fused_am_adamw(
         prods = beta1_prods[0].to("cpu", dtype).reshape(())
     c = _coef(_rule.adam_correction(prods, config), dtype, tuple(prods.shape))
     stride = int(per_layer)
-    parts = []
+    # every argument prepared first: between the passes only the rule runs
+    plan = []
     for a, b in _scopes(numels, per_layer, 4 * itemsize):
-        numel, x, g, d, v = arrays.at(a)
-        c_at, ib2_a = c.data_ptr() + itemsize * a * stride, ib2_at + 8 * a
-        reduce_fn(b - a, numel, x, g, d, v, c_at, stride, ib2_a, hp, nt, sums_at + 24 * a)
-        rows = sums[a:b].to(dtype) if per_layer else sums.sum(0).to(dtype)
-        beta = _rule.adam_beta(torch, rows, config, lr=lr, weight_decay=wd)
-        beta = _coef(beta, dtype, rows.shape[:-1])
-        apply_fn(b - a, numel, x, g, d, v, c_at, stride, ib2_a, beta.data_ptr(), stride, hp,
-                 mode, nt)  # fmt: skip
+        head = (b - a, *arrays.at(a), c.data_ptr() + itemsize * a * stride, stride, ib2_at + 8 * a)
+        plan.append((head, sums_at + 24 * a, sums[a:b] if per_layer else sums))
+    parts = []
+    for head, sums_a, rows in plan:
+        reduce_fn(*head, hp, nt, sums_a)
+        rows = rows.to(dtype) if per_layer else rows.sum(0).to(dtype)
+        beta = _coef(_rule.adam_beta(torch, rows, config, lr=lr, weight_decay=wd), dtype,
+                     rows.shape[:-1])  # fmt: skip
+        apply_fn(*head, beta.data_ptr(), stride, hp, mode, nt)
         parts.append(beta)
     torch.autograd.graph.increment_version([*params, *exp_avgs, *exp_avg_sqs, *state_steps])
     if per_layer:
