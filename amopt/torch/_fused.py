@@ -16,16 +16,21 @@ the last to the first for the same reason.
 
 Where the kernels come from, in order:
 
-* the library built when the package was installed (``pip install .`` builds the
-  optional extension ``amopt.torch._am_fused``), loaded from the package directory
-  when neither the file nor its directory is writable by another user;
+* the library built when the package was installed (``pip install .`` or
+  ``pip install -e .`` build the optional extension ``amopt.torch._am_fused``, see
+  ``setup.py``), loaded from the package directory when neither the file nor that
+  directory is writable by another user;
 * otherwise a build with the system C compiler into a private cache directory,
   ``$AMOPT_KERNEL_CACHE`` or ``$XDG_CACHE_HOME/amopt/kernels`` (default
-  ``~/.cache/amopt/kernels``): created with mode 0700 and refused when it is a link,
-  owned by another user or writable by group or others. Each library is recorded with
-  its SHA-256 next to it; a library whose hash does not match (or that does not load)
-  is rebuilt. When the cache directory is refused, the kernels are built in a fresh
-  private temporary directory (``tempfile.mkdtemp``) for this process only.
+  ``~/.cache/amopt/kernels``): created with mode 0700, and refused when (links
+  resolved) it is owned by another user, is writable by group or others, or sits below
+  a directory others can write in. Each library is recorded with its SHA-256 next to
+  it; one whose hash does not match, or that does not load, is rebuilt. When the cache
+  is refused, the kernels are built in a fresh private temporary directory
+  (``tempfile.mkdtemp``) for this process only.
+
+Every library carries the SHA-256 of the sources it was built from and an ABI
+number; one built from other sources (a stale install) is not used.
 
 Each library holds the kernels three times (x86-64 baseline, AVX2+FMA, AVX-512);
 the best one the CPU supports is picked at load time. ``AMOPT_CPU_FEATURES`` lowers
