@@ -234,7 +234,7 @@ def _minimize_am_mgd(
         gtol=gtol,
         is_am=True,
         weight_decay=check_nonnegative("weight_decay", weight_decay),
-        decay_in_f=True,
+        decay_in_f=am["numerator"] == "exact",
     )
 
 
@@ -423,7 +423,7 @@ def _minimize_am_sgd(
         maxiter=maxiter,
         is_am=True,
         weight_decay=check_nonnegative("weight_decay", weight_decay),
-        decay_in_f=True,
+        decay_in_f=am["numerator"] == "exact",
         **sampling,
     )
 

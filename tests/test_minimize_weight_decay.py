@@ -3,9 +3,11 @@
 Coupled decay :math:`\\mu` (gd, mgd, am-mgd, sgd, msgd, am-sgd, adam, am-adam)
 minimises :math:`F = f + \\frac{\\mu}{2}\\|x\\|^2`: the steps and the ``gtol`` test
 use :math:`\\nabla F = g + \\mu x` and the exact numerator of am-mgd/am-sgd the
-decrease of :math:`F`. Decoupled decay (adamw, am-adamw) is not the gradient of an
-objective and ``gtol`` tests :math:`\\nabla f`. ``res.fun``/``res.jac`` and the
-callback's ``fun``/``jac`` are always the values of ``fun`` and ``jac``.
+decrease of :math:`F` (am-adam's uses the decrease of f: algorithms.md section 3 adds
+its L2 penalty to the gradient only, and the oracle tests pin that). Decoupled decay
+(adamw, am-adamw) is not the gradient of an objective and ``gtol`` tests
+:math:`\\nabla f`. ``res.fun``/``res.jac`` and the callback's ``fun``/``jac`` are
+always the values of ``fun`` and ``jac``.
 """
 
 import array_api_compat.numpy as npx
