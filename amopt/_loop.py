@@ -19,8 +19,8 @@ import array_api_compat
 import numpy as np
 from scipy.optimize import OptimizeResult, OptimizeWarning
 
+from amopt._config import check_bool, check_int, check_nonnegative
 from amopt._finite_sum import FiniteSum
-from amopt._validation import check_bool, check_int, check_nonnegative
 from amopt.backends import array_namespace, is_array
 
 __all__ = ["STATUS_MESSAGES"]

@@ -6,20 +6,21 @@ As in scipy, a method's options are the keyword arguments of its
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from scipy.optimize import OptimizeResult
 
 from amopt import _core
-from amopt._loop import _check_unknown_options, _run, _sampling
-from amopt._validation import (
-    check_am_options,
+from amopt._config import (
+    AMConfig,
     check_betas,
     check_interval,
     check_nonnegative,
     check_positive,
     check_weight_decay_mode,
 )
+from amopt._loop import _check_unknown_options, _run, _sampling
 
 __all__ = ["METHODS"]
 
@@ -136,11 +137,11 @@ def _minimize_mgd(
     )
 
 
-def _am_momentum(lr, beta_max, am):
+def _am_momentum(lr, config):
     # weight decay is coupled by _run: gs is g + wd * x and f is f + wd/2 |x|^2
     def step(xs, gs, f, state):
         state = _core.am_momentum_init(xs) if state is None else state
-        return _core.am_momentum_step(xs, gs, state, lr=lr, beta_max=beta_max, f=f, **am)
+        return _core.am_momentum_step(xs, gs, state, lr=lr, f=f, config=config)
 
     return step
 
@@ -210,7 +211,8 @@ def _minimize_am_mgd(
         Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
+    am = AMConfig(
+        beta_max=beta_max,
         lam=lam,
         numerator=numerator,
         variant=variant,
@@ -220,9 +222,7 @@ def _minimize_am_mgd(
         beta_low=beta_low,
         per_layer=per_layer,
     )
-    step = _am_momentum(
-        check_positive("lr", lr), check_interval("beta_max", beta_max, 0.0, 1.0), am
-    )
+    step = _am_momentum(check_positive("lr", lr), am)
     return _run(
         fun,
         x0,
@@ -234,7 +234,7 @@ def _minimize_am_mgd(
         gtol=gtol,
         is_am=True,
         weight_decay=check_nonnegative("weight_decay", weight_decay),
-        decay_in_f=am["numerator"] == "exact",
+        decay_in_f=am.numerator == "exact",
     )
 
 
@@ -399,7 +399,8 @@ def _minimize_am_sgd(
         As for ``"sgd"``.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
+    am = AMConfig(
+        beta_max=beta_max,
         lam=lam,
         numerator=numerator,
         variant=variant,
@@ -409,9 +410,7 @@ def _minimize_am_sgd(
         beta_low=beta_low,
         per_layer=per_layer,
     )
-    step = _am_momentum(
-        check_positive("lr", lr), check_interval("beta_max", beta_max, 0.0, 1.0), am
-    )
+    step = _am_momentum(check_positive("lr", lr), am)
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
     return _run(
         fun,
@@ -423,7 +422,7 @@ def _minimize_am_sgd(
         maxiter=maxiter,
         is_am=True,
         weight_decay=check_nonnegative("weight_decay", weight_decay),
-        decay_in_f=am["numerator"] == "exact",
+        decay_in_f=am.numerator == "exact",
         **sampling,
     )
 
@@ -622,6 +621,7 @@ def _am_adam_family(
     betas = check_betas("betas", betas)
     eps = check_nonnegative("eps", eps)
     wd = check_nonnegative("weight_decay", weight_decay)
+    config = dataclasses.replace(am, beta_max=betas[0])
     # the L2 penalty (AM-Adam) is coupled by _run; decoupled/proximal decay is the core's
     l2 = mode == "l2"
 
@@ -637,7 +637,7 @@ def _am_adam_family(
             weight_decay=0.0 if l2 else wd,
             weight_decay_mode="decoupled" if l2 else mode,
             f=f,
-            **am,
+            config=config,
         )
 
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=False)
@@ -719,7 +719,7 @@ def _minimize_am_adam(
         As for ``"adam"``.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
+    am = AMConfig(
         lam=lam,
         numerator=numerator,
         variant=variant,
@@ -805,7 +805,7 @@ def _minimize_am_adamw(
         As for ``"adam"``.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
+    am = AMConfig(
         lam=lam,
         numerator=numerator,
         variant=variant,
