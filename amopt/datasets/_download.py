@@ -57,6 +57,8 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     if cache_dir is not None:
         if not isinstance(cache_dir, str | os.PathLike):
             raise TypeError(f"cache_dir must be a path or None, got {type(cache_dir).__name__}")
+        if not os.fspath(cache_dir):
+            raise ValueError("cache_dir must be a non-empty path or None, got ''")
         return Path(cache_dir).expanduser()
     env = os.environ.get(_ENV_VAR)
     if env:
@@ -65,7 +67,20 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
-    """Hex SHA-256 of the bytes of ``path`` (read in chunks)."""
+    """Hex SHA-256 of the bytes of ``path`` (read in chunks).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    chunk_size : int, default 1 MiB
+        Bytes read at a time.
+
+    Returns
+    -------
+    str
+        64 lowercase hexadecimal digits.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(chunk_size), b""):

@@ -37,8 +37,8 @@ def _check_label_values(y: np.ndarray) -> None:
         bad = np.flatnonzero(~np.isfinite(y))
         if bad.size:
             raise ValueError(
-                f"y must contain only finite labels, got y[{bad[0]}] = {y[bad[0]]!r} "
-                f"({bad.size} non-finite in all)"
+                f"y contains NaN or infinite values, but labels must be finite: y[{bad[0]}] = "
+                f"{float(y[bad[0]])!r} ({bad.size} non-finite in all)"
             )
 
 
