@@ -193,14 +193,23 @@ def test_data_dir_that_is_a_file_names_the_variable_and_path(mirror, tmp_path, m
     with pytest.raises(OSError) as info:
         load_libsvm(NO_HASH, base_url=base_url)
     msg = str(info.value)
-    assert "AMOPT_DATA_DIR" in msg and str(not_a_dir / "libsvm") in msg
-    assert f"{not_a_dir}'" in msg  # the variable's value
+    assert f"cannot write to the amopt data directory {not_a_dir / 'libsvm'}" in msg
+    assert f"AMOPT_DATA_DIR={str(not_a_dir)!r}" in msg
     assert not isinstance(info.value, DownloadError)
     assert handler.requests == []  # no network when nothing can be stored
-    # Through cache_dir= the message still says how to choose another directory.
-    with pytest.raises(OSError, match="set the AMOPT_DATA_DIR environment variable"):
-        monkeypatch.delenv("AMOPT_DATA_DIR")
+    # Chosen by cache_dir=, which wins over the variable: the message says so.
+    with pytest.raises(OSError) as info:
         fetch_libsvm(NO_HASH, cache_dir=not_a_dir, base_url=base_url)
+    msg = str(info.value)
+    assert f"cache_dir={str(not_a_dir)!r}" in msg and "AMOPT_DATA_DIR" in msg
+    # The default directory (variable unset) is named with the variable to set.
+    monkeypatch.delenv("AMOPT_DATA_DIR")
+    monkeypatch.setenv("HOME", str(not_a_dir))
+    with pytest.raises(OSError) as info:
+        fetch_libsvm(NO_HASH, base_url=base_url)
+    msg = str(info.value)
+    assert str(not_a_dir / ".cache" / "amopt" / "libsvm") in msg
+    assert "the AMOPT_DATA_DIR environment variable is not set" in msg
 
 
 @pytest.mark.skipif(

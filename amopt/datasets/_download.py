@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
+from typing import Any
 
 from ._registry import dataset_info
 
@@ -96,19 +97,29 @@ def _manual_hint(url: str, dest: Path) -> str:
     )
 
 
-def _unwritable(directory: Path, exc: OSError) -> OSError:
-    """The error for a data directory that cannot be written, naming where it came from."""
+def _unwritable(directory: Path, exc: OSError, cache_dir: Any = None) -> OSError:
+    """The error for a data directory that cannot be written, naming where it was chosen."""
     reason = exc.strerror or str(exc)
     env = os.environ.get(_ENV_VAR)
-    source = (
-        f"the {_ENV_VAR} environment variable is {env!r}"
-        if env
-        else f"set the {_ENV_VAR} environment variable or pass cache_dir= to use another one"
-    )
+    if cache_dir is not None:
+        source = (
+            f"it was chosen by cache_dir={os.fspath(cache_dir)!r}; pass a writable cache_dir, "
+            f"or omit it and set the {_ENV_VAR} environment variable"
+        )
+    elif env:
+        source = (
+            f"it was chosen by the {_ENV_VAR} environment variable ({_ENV_VAR}={env!r}); "
+            f"point {_ENV_VAR} at a writable directory"
+        )
+    else:
+        source = (
+            f"it is the default, as the {_ENV_VAR} environment variable is not set; set "
+            f"{_ENV_VAR} to a writable directory"
+        )
     err = OSError(
         exc.errno,
-        f"cannot write to the amopt data directory {directory} ({reason}); {source}. The "
-        "directory must be writable, or the files it needs already present",
+        f"cannot write to the amopt data directory {directory} ({reason}): {source} (or place "
+        "the files it needs there by hand)",
     )
     err.filename = str(directory)
     return err
@@ -180,7 +191,12 @@ def _stream(url: str, dest: Path, out, timeout: float) -> str:
 
 
 def _download(
-    url: str, dest: Path, sha256: str | None, timeout: float, expected_from: str = "registered"
+    url: str,
+    dest: Path,
+    sha256: str | None,
+    timeout: float,
+    expected_from: str = "registered",
+    cache_dir: Any = None,
 ) -> str:
     """Stream ``url`` into ``dest`` atomically, verifying ``sha256`` if given; return its hash.
 
@@ -191,7 +207,7 @@ def _download(
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
     except OSError as exc:
-        raise _unwritable(dest.parent, exc) from exc
+        raise _unwritable(dest.parent, exc, cache_dir) from exc
     tmp = Path(tmp_name)
     try:
         try:
@@ -200,7 +216,7 @@ def _download(
         except DownloadError:
             raise
         except OSError as exc:  # writing the file: a full disk, a quota
-            raise _unwritable(dest.parent, exc) from exc
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
         if sha256 is not None and digest != sha256.lower():
             raise ChecksumError(
                 f"the file downloaded from {url} has sha256 {digest}, expected {sha256} "
@@ -210,7 +226,7 @@ def _download(
         try:
             os.replace(tmp, dest)
         except OSError as exc:
-            raise _unwritable(dest.parent, exc) from exc
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -324,9 +340,9 @@ def fetch_libsvm(
         try:
             os.replace(dest, aside)
         except OSError as exc:
-            raise _unwritable(dest.parent, exc) from exc
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
         try:
-            _download(url, dest, expected, float(timeout), expected_from)
+            _download(url, dest, expected, float(timeout), expected_from, cache_dir)
         except (DownloadError, ChecksumError) as exc:
             os.replace(aside, dest)  # leave the cache as it was
             raise ChecksumError(f"{problem}, and downloading it again failed: {exc}") from exc
@@ -340,10 +356,12 @@ def fetch_libsvm(
         raise FileNotFoundError(
             f"{dest} does not exist and download=False; {_manual_hint(url, dest)}"
         )
-    digest = _download(url, dest, expected if verify else None, float(timeout), expected_from)
+    digest = _download(
+        url, dest, expected if verify else None, float(timeout), expected_from, cache_dir
+    )
     if info.sha256 is None:
         try:
             _write_atomic(_sidecar(dest), f"{digest}  {dest.name}\n".encode("ascii"))
         except OSError as exc:
-            raise _unwritable(dest.parent, exc) from exc
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
     return dest
