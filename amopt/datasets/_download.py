@@ -190,7 +190,13 @@ def _stream(url: str, dest: Path, out, timeout: float) -> str:
     return h.hexdigest()
 
 
-def _download(
+def _download(url: str, dest: Path, sha256: str | None, timeout: float) -> Path:
+    """Stream ``url`` into ``dest`` atomically, verifying ``sha256`` if given; return ``dest``."""
+    _download_digest(url, dest, sha256, timeout)
+    return dest
+
+
+def _download_digest(
     url: str,
     dest: Path,
     sha256: str | None,
@@ -342,7 +348,7 @@ def fetch_libsvm(
         except OSError as exc:
             raise _unwritable(dest.parent, exc, cache_dir) from exc
         try:
-            _download(url, dest, expected, float(timeout), expected_from, cache_dir)
+            _download_digest(url, dest, expected, float(timeout), expected_from, cache_dir)
         except (DownloadError, ChecksumError) as exc:
             os.replace(aside, dest)  # leave the cache as it was
             raise ChecksumError(f"{problem}, and downloading it again failed: {exc}") from exc
@@ -356,7 +362,7 @@ def fetch_libsvm(
         raise FileNotFoundError(
             f"{dest} does not exist and download=False; {_manual_hint(url, dest)}"
         )
-    digest = _download(
+    digest = _download_digest(
         url, dest, expected if verify else None, float(timeout), expected_from, cache_dir
     )
     if info.sha256 is None:
