@@ -349,9 +349,11 @@ def fetch_libsvm(
             raise _unwritable(dest.parent, exc, cache_dir) from exc
         try:
             _download_digest(url, dest, expected, float(timeout), expected_from, cache_dir)
-        except (DownloadError, ChecksumError) as exc:
+        except OSError as exc:
             os.replace(aside, dest)  # leave the cache as it was
-            raise ChecksumError(f"{problem}, and downloading it again failed: {exc}") from exc
+            if isinstance(exc, DownloadError | ChecksumError):
+                raise ChecksumError(f"{problem}, and downloading it again failed: {exc}") from exc
+            raise
         warnings.warn(
             f"{problem}; it was moved to {aside} and a verified copy downloaded from {url}",
             UserWarning,

@@ -98,6 +98,9 @@ def binary_labels(y: Any, *, positive: Any = None, convention: str | None = None
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D, got shape {y.shape}")
     _check_label_values(y)
+    if convention is not None and convention not in LABEL_CONVENTIONS:
+        allowed = ", ".join(repr(c) for c in LABEL_CONVENTIONS)
+        raise ValueError(f"convention must be one of {allowed} or None, got {convention!r}")
     if convention is not None and positive is not None:
         raise ValueError(
             f"pass positive or convention, not both (got positive={positive!r}, "
@@ -111,9 +114,6 @@ def binary_labels(y: Any, *, positive: Any = None, convention: str | None = None
             f"({shown}); use a multiclass model or class_indices for multiclass data"
         )
     if convention is not None:
-        if convention not in LABEL_CONVENTIONS:
-            allowed = ", ".join(repr(c) for c in LABEL_CONVENTIONS)
-            raise ValueError(f"convention must be one of {allowed} or None, got {convention!r}")
         neg, pos = LABEL_CONVENTIONS[convention]
         if y.dtype.kind not in "biuf" or np.any((classes != neg) & (classes != pos)):
             raise ValueError(
