@@ -18,12 +18,15 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "STYLES",
     "RunContext",
+    "claim_verdict",
     "downsample",
     "environment",
     "first_below",
     "torch_threads",
     "fmt",
+    "markdown_summary",
     "markdown_table",
     "pyplot",
     "sanitize",
@@ -191,6 +194,19 @@ def sanitize(obj: Any) -> Any:
     return obj
 
 
+def claim_verdict(wins: int, n: int) -> str:
+    """The verdict on a claim that held in ``wins`` of ``n`` cases.
+
+    Examples
+    --------
+    >>> claim_verdict(3, 3), claim_verdict(1, 3), claim_verdict(0, 3), claim_verdict(0, 0)
+    ('holds', 'partly', 'does not hold', 'does not hold')
+    """
+    if n and wins == n:
+        return "holds"
+    return "does not hold" if wins == 0 else "partly"
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write ``sanitize(obj)`` as compact JSON (strict: no NaN or infinity)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +259,18 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown_summary(result: dict[str, Any], *blocks: str) -> str:
+    """``summary.md`` of a result: its title as a heading, then the blocks (paragraphs and
+    tables) separated by blank lines.
+
+    Examples
+    --------
+    >>> markdown_summary({"title": "T"}, "text", "| a |")
+    '## T\\n\\ntext\\n\\n| a |\\n'
+    """
+    return "\n\n".join([f"## {result['title']}", *blocks]) + "\n"
+
+
 def environment() -> dict[str, Any]:
     """Versions and machine facts recorded with every result.
 
@@ -291,6 +319,28 @@ def _installed_version(package: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- plots
+
+
+#: Colour and line style of each method, the same in every plot.
+STYLES: dict[str, tuple[str, str]] = {
+    "GD": ("tab:gray", "-"),
+    "MGD (0.9)": ("tab:blue", "--"),
+    "MGD (beta*)": ("tab:blue", "-"),
+    "HB (beta*)": ("tab:green", "-"),
+    "AM-MGD (exact)": ("tab:red", "-"),
+    "AM-MGD (linear)": ("tab:orange", "-"),
+    "L-BFGS-B": ("k", ":"),
+    "CG": ("tab:purple", ":"),
+    "Adam": ("tab:blue", "-"),
+    "AM-Adam (linear)": ("tab:purple", "-"),
+    "AM-Adam (exact)": ("tab:pink", "--"),
+    "AdamW (warm-up)": ("tab:blue", "-"),
+    "AdamW (no warm-up)": ("tab:blue", "--"),
+    "AM-AdamW (warm-up)": ("tab:red", "-"),
+    "AM-AdamW (no warm-up)": ("tab:red", "--"),
+    "AM-AdamW (clip)": ("tab:orange", "-"),
+    "AM-AdamW (restart)": ("tab:green", "-"),
+}
 
 
 def pyplot() -> Any:
