@@ -1,4 +1,7 @@
-"""Shared machinery of the experiments: run context, progress bars, JSON, tables, plots."""
+"""Shared machinery of the experiments: run context, progress bars, JSON, tables, claims.
+
+The plot helpers are in :mod:`amopt.experiments._plots`.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "STYLES",
     "RunContext",
     "claim_verdict",
     "downsample",
@@ -28,9 +30,7 @@ __all__ = [
     "fmt",
     "markdown_summary",
     "markdown_table",
-    "pyplot",
     "sanitize",
-    "save_figure",
     "write_json",
 ]
 
@@ -259,16 +259,19 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def markdown_summary(result: dict[str, Any], *blocks: str) -> str:
-    """``summary.md`` of a result: its title as a heading, then the blocks (paragraphs and
-    tables) separated by blank lines.
+def markdown_summary(
+    result: dict[str, Any], *blocks: str | tuple[Sequence[str], Iterable[Sequence[Any]]]
+) -> str:
+    """``summary.md`` of a result: its title as a heading, then the blocks separated by
+    blank lines; a block is a paragraph or a table given as ``(header, rows)``.
 
     Examples
     --------
-    >>> markdown_summary({"title": "T"}, "text", "| a |")
-    '## T\\n\\ntext\\n\\n| a |\\n'
+    >>> markdown_summary({"title": "T"}, "text", (["a"], [[1]]))
+    '## T\\n\\ntext\\n\\n| a |\\n|---|\\n| 1 |\\n'
     """
-    return "\n\n".join([f"## {result['title']}", *blocks]) + "\n"
+    texts = [b if isinstance(b, str) else markdown_table(*b) for b in blocks]
+    return "\n\n".join([f"## {result['title']}", *texts]) + "\n"
 
 
 def environment() -> dict[str, Any]:
@@ -316,65 +319,6 @@ def _installed_version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-# --------------------------------------------------------------------------- plots
-
-
-#: Colour and line style of each method, the same in every plot.
-STYLES: dict[str, tuple[str, str]] = {
-    "GD": ("tab:gray", "-"),
-    "MGD (0.9)": ("tab:blue", "--"),
-    "MGD (beta*)": ("tab:blue", "-"),
-    "HB (beta*)": ("tab:green", "-"),
-    "AM-MGD (exact)": ("tab:red", "-"),
-    "AM-MGD (linear)": ("tab:orange", "-"),
-    "L-BFGS-B": ("k", ":"),
-    "CG": ("tab:purple", ":"),
-    "Adam": ("tab:blue", "-"),
-    "AM-Adam (linear)": ("tab:purple", "-"),
-    "AM-Adam (exact)": ("tab:pink", "--"),
-    "AdamW (warm-up)": ("tab:blue", "-"),
-    "AdamW (no warm-up)": ("tab:blue", "--"),
-    "AM-AdamW (warm-up)": ("tab:red", "-"),
-    "AM-AdamW (no warm-up)": ("tab:red", "--"),
-    "AM-AdamW (clip)": ("tab:orange", "-"),
-    "AM-AdamW (restart)": ("tab:green", "-"),
-}
-
-
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the non-interactive Agg backend, with readable defaults."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(
-        {
-            "figure.dpi": 100,
-            "savefig.dpi": 110,
-            "axes.grid": True,
-            "grid.alpha": 0.3,
-            "axes.titlesize": 10,
-            "axes.labelsize": 9,
-            "legend.fontsize": 7.5,
-            "xtick.labelsize": 8,
-            "ytick.labelsize": 8,
-        }
-    )
-    return plt
-
-
-def save_figure(fig: Any, path: Path) -> str:
-    """Save, close, and return the file name (for the result's ``plots`` list)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path.name
 
 
 # --------------------------------------------------------------------------- full-batch runs

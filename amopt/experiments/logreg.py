@@ -27,18 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from ._common import (
-    STYLES,
-    RunContext,
-    claim_verdict,
-    first_below,
-    markdown_summary,
-    markdown_table,
-    pyplot,
-    save_figure,
-    trace_minimize,
-)
+from ._common import RunContext, claim_verdict, first_below, markdown_summary, trace_minimize
 from ._data import load_logreg_problem
+from ._plots import STYLES, pyplot, save_figure
 
 __all__ = ["run", "run_adam", "summary_markdown", "summary_markdown_adam"]
 
@@ -456,15 +447,15 @@ def summary_markdown(result: dict[str, Any]) -> str:
         f"lowest final loss over {cfg['betas']}; AM-MGD: lam = 0, beta_max = 1. "
         f"Cells: final f(x_T) - f*; below {TARGET_FLOOR:g} (rounding level) the iteration "
         "that first reached it is shown instead, and runs are ranked by it (bold: best).",
-        markdown_table(["data set", "n x d", "L", "f*", "beta*", *methods], gaps),
+        (["data set", "n x d", "L", "f*", "beta*", *methods], gaps),
         "AM-MGD beta_t (exact numerator): mean, median, fraction of steps with beta_t exactly "
         "1 (to 1e-12) and exactly 0 (step 0 is always 0).",
-        markdown_table(["data set", "mean", "median", "= 1", "= 0"], betas),
+        (["data set", "mean", "median", "= 1", "= 0"], betas),
         "Reaching the same suboptimality: iterations / seconds until f - f* <= the final gap "
         "of AM-MGD (exact) (left) and of the best first-order method (right); the first-order "
         "methods' seconds come from their own runs (one gradient per iteration), scipy's "
         f"from L-BFGS-B / CG runs (at most {cfg['scipy_maxiter']} iterations).",
-        markdown_table(
+        (
             [
                 "data set",
                 "method",
@@ -590,5 +581,5 @@ def summary_markdown_adam(result: dict[str, Any]) -> str:
         f"l2 = 0, x0 = 0, lr = {cfg['lr']:g}, betas = (0.9, 0.999), {cfg['maxiter']} "
         "full-gradient iterations; AM-Adam: lam = 0.1, per-array beta, beta1_max = 0.9. "
         "Cells: final f - f* (mean beta_1 in brackets).",
-        markdown_table(["data set", *methods], rows),
+        (["data set", *methods], rows),
     )

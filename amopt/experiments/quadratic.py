@@ -23,17 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ._common import (
-    STYLES,
-    RunContext,
-    claim_verdict,
-    first_below,
-    markdown_summary,
-    markdown_table,
-    pyplot,
-    save_figure,
-    trace_minimize,
-)
+from ._common import RunContext, claim_verdict, first_below, markdown_summary, trace_minimize
+from ._plots import STYLES, pyplot, save_figure
 
 __all__ = ["run", "summary_markdown"]
 
@@ -312,11 +303,9 @@ def summary_markdown(result: dict[str, Any]) -> str:
         "'-' = not reached; in brackets the final relative gap. MGD is damped heavy ball "
         "(the paper's and torch's dampening = beta convention); HB is classical Polyak heavy "
         f"ball. beta* is the best of the grid {cfg['betas']}.",
-        markdown_table(
-            ["cond", "seed", "beta* (MGD / HB)", *names, "AM beats best MGD / best HB?"], rows
-        ),
+        (["cond", "seed", "beta* (MGD / HB)", *names, "AM beats best MGD / best HB?"], rows),
         "Mean beta_t of AM-MGD (exact / linear):",
-        markdown_table(
+        (
             ["cond", "seed", "exact", "linear"],
             [
                 [
@@ -329,5 +318,5 @@ def summary_markdown(result: dict[str, Any]) -> str:
             ],
         ),
         "Sensitivity to beta (iterations to tolerance, first seed):",
-        markdown_table(["cond", "method", *[f"beta={b}" for b in cfg["betas"]]], sensitivity),
+        (["cond", "method", *[f"beta={b}" for b in cfg["betas"]]], sensitivity),
     )

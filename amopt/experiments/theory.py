@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ._common import RunContext, markdown_summary, markdown_table, pyplot, save_figure
+from ._common import RunContext, markdown_summary
+from ._plots import pyplot, save_figure
 
 __all__ = ["run", "summary_markdown"]
 
@@ -197,7 +198,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
         f"Simplified AM-SGD (lam = 0, d_0 = 0, batch size {cfg['batch_size']}), expectations "
         f"over {cfg['seeds']} seeds; 3.1: lr = 1/sqrt(T), beta_max = 1/T; 3.2: lr = 1/sqrt(T), "
         f"beta_max = {cfg['c']} lr; fixed cap: lr = 1/sqrt(T), beta_max = {cfg['beta_max_cap']}.",
-        markdown_table(
+        (
             ["theorem", "problem", "T", "lr", "beta_max", "measured", "bound", "ratio", "passed"],
             checks,
         ),
@@ -205,7 +206,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
     if result["summary"]["slopes"]:
         blocks.append("Log-log slope in T (measured vs bound):")
         blocks.append(
-            markdown_table(
+            (
                 ["theorem", "problem", "measured slope", "bound slope"],
                 [
                     [s["theorem"], s["problem"], s["measured_slope"], s["bound_slope"]]
