@@ -606,7 +606,6 @@ def _seed_summary(finals: dict[str, list[float | None]], seed0: int) -> dict[str
 
 def _claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     claims = []
-    n = len(results)
 
     def val(s: dict[str, Any], label: str) -> float:
         v = s["runs"][label]["final_val_loss"]
@@ -660,60 +659,50 @@ def _claims(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"{mean(s, 'AdamW (warm-up)'):.4f}, warm-up better in"
         ),
     )
-    parts, ok, total = [], 0, 0
+
+    def tally(claim: str, checks: list[tuple[str, bool]], note: str = "") -> None:
+        """A claim checked once per entry of ``checks``: (what was measured, whether it held)."""
+        claims.append(
+            {
+                "claim": claim,
+                "measured": "; ".join(text for text, _ in checks) + note,
+                "verdict": claim_verdict(sum(held for _, held in checks), len(checks)),
+            }
+        )
+
+    checks = []
     for k, s in results.items():
         for label in s["runs"]:
             if label.startswith("AM-AdamW beta_max="):
                 bm = label.split("=")[1]
                 a, b = val(s, label), val(s, f"AdamW beta1={bm}")
-                parts.append(f"{k} beta_max={bm}: {a:.4f} vs {b:.4f}")
-                ok += a < b
-                total += 1
-    if total:
-        claims.append(
-            {
-                "claim": "Table 2: at beta_max 0.95 / 0.99 AM-AdamW is much better than AdamW",
-                "measured": "; ".join(parts),
-                "verdict": claim_verdict(ok, total),
-            }
-        )
-    parts, ok = [], 0
+                checks.append((f"{k} beta_max={bm}: {a:.4f} vs {b:.4f}", a < b))
+    if checks:
+        tally("Table 2: at beta_max 0.95 / 0.99 AM-AdamW is much better than AdamW", checks)
+    checks = []
     for k, s in results.items():
         am, aw = val(s, "AM-AdamW (warm-up)"), val(s, "AdamW (warm-up)")
         cl, rs = val(s, "AM-AdamW (clip)"), val(s, "AM-AdamW (restart)")
-        parts.append(f"{k}: AdamW {aw:.4f}, AM {am:.4f}, clip {cl:.4f}, restart {rs:.4f}")
-        ok += am <= rs <= cl <= aw
-    claims.append(
-        {
-            "claim": "Table 1: AM-AdamW < restart < clip < AdamW (validation loss)",
-            "measured": "; ".join(parts),
-            "verdict": claim_verdict(ok, n),
-        }
-    )
-    parts, ok = [], 0
+        text = f"{k}: AdamW {aw:.4f}, AM {am:.4f}, clip {cl:.4f}, restart {rs:.4f}"
+        checks.append((text, am <= rs <= cl <= aw))
+    tally("Table 1: AM-AdamW < restart < clip < AdamW (validation loss)", checks)
+    checks = []
     for k, s in results.items():
         t = s["timing"]
         shares = {
             impl: t[f"overhead {impl}"] for impl in IMPLEMENTATIONS if f"overhead {impl}" in t
         }
-        parts.append(
-            f"{k}: "
-            + ", ".join(
-                f"{impl} {o['iter_pct']:+.1f}% "
-                f"(step() difference {o['step_diff_pct_of_iter']:+.2f}%)"
-                for impl, o in shares.items()
-            )
+        text = f"{k}: " + ", ".join(
+            f"{impl} {o['iter_pct']:+.1f}% (step() difference {o['step_diff_pct_of_iter']:+.2f}%)"
+            for impl, o in shares.items()
         )
         best = min((o["step_diff_pct_of_iter"] for o in shares.values()), default=np.inf)
-        ok += best < 0.5
-    claims.append(
-        {
-            "claim": "Supp. D: AM-AdamW adds < 0.5% to an iteration",
-            "measured": "; ".join(parts)
-            + " of AdamW's iteration time, per implementation (AdamW and AM-AdamW with the "
-            "same flags); verdict on the best implementation's step() difference",
-            "verdict": claim_verdict(ok, n),
-        }
+        checks.append((text, best < 0.5))
+    tally(
+        "Supp. D: AM-AdamW adds < 0.5% to an iteration",
+        checks,
+        " of AdamW's iteration time, per implementation (AdamW and AM-AdamW with the "
+        "same flags); verdict on the best implementation's step() difference",
     )
     parts = []
     for k, s in results.items():
