@@ -23,6 +23,7 @@ library default; and the exact numerator), ``lr = 1e-3``, 1000 iterations.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ REAL_ADAM = {"maxiter": 1000, "lr": 1e-3}
 QUICK_ADAM = {"maxiter": 100, "lr": 1e-3}
 #: Suboptimality targets are floored here (below it f - f* is rounding noise).
 TARGET_FLOOR = 1e-12
+#: The AM runs of ``logreg`` and of ``logreg-adam``.
 AM_MGD = ("AM-MGD (exact)", "AM-MGD (linear)")
 AM_ADAM = ("AM-Adam (linear)", "AM-Adam (exact)")
 
@@ -302,7 +304,7 @@ def _rank(gap: np.ndarray) -> tuple[float, float]:
 def _grid_plot(
     ctx: RunContext,
     data: dict[str, Any],
-    draw: Any,
+    draw: Callable[[Any, Any], None],
     *,
     height: float,
     ylabel: str,
