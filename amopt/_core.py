@@ -58,10 +58,6 @@ __all__ = [
 WEIGHT_DECAY_MODES = ("decoupled", "proximal")
 
 
-def _cfg(**kw: Any) -> AMConfig:
-    return AMConfig.cached(**kw)
-
-
 class _Bounds(NamedTuple):
     """The rule's parameters as given, unvalidated, for the building blocks ``am_beta`` and
     ``am_adam_beta`` (whose ``beta_max`` may exceed 1 to expose the raw ratio)."""
@@ -166,9 +162,7 @@ def apply_variant(
     >>> float(apply_variant(np.asarray(0.75), "restart"))
     0.9
     """
-    cfg = _cfg(
-        variant=variant, beta_min=beta_min, theta=theta, beta_high=beta_high, beta_low=beta_low
-    )
+    cfg = AMConfig.from_options(locals())
     return _rule.apply_variant(array_namespace(beta), beta, cfg)
 
 
@@ -379,17 +373,7 @@ def am_momentum_step(
     (0.25, [-0.375, -0.125])
     """
     if config is None:
-        config = _cfg(
-            lam=lam,
-            beta_max=beta_max,
-            numerator=numerator,
-            per_layer=per_layer,
-            variant=variant,
-            beta_min=beta_min,
-            theta=theta,
-            beta_high=beta_high,
-            beta_low=beta_low,
-        )
+        config = AMConfig.from_options(locals())
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     f_decrease = _f_decrease(config.numerator, f, state.f_prev)
@@ -670,17 +654,7 @@ def am_adam_step(
     0.9
     """
     if config is None:
-        config = _cfg(
-            lam=lam,
-            beta_max=betas[0],
-            numerator=numerator,
-            per_layer=per_layer,
-            variant=variant,
-            beta_min=beta_min,
-            theta=theta,
-            beta_high=beta_high,
-            beta_low=beta_low,
-        )
+        config = AMConfig.from_options(locals(), beta_max=betas[0])
     xs0, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     xp = array_namespace(*xs0, *gs)

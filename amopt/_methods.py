@@ -6,7 +6,6 @@ As in scipy, a method's options are the keyword arguments of its
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from scipy.optimize import OptimizeResult
@@ -211,17 +210,7 @@ def _minimize_am_mgd(
         Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
     """
     _check_unknown_options(unknown_options)
-    am = AMConfig(
-        beta_max=beta_max,
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
-    )
+    am = AMConfig.from_options(locals())
     step = _am_momentum(check_positive("lr", lr), am)
     return _run(
         fun,
@@ -399,17 +388,7 @@ def _minimize_am_sgd(
         As for ``"sgd"``.
     """
     _check_unknown_options(unknown_options)
-    am = AMConfig(
-        beta_max=beta_max,
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
-    )
+    am = AMConfig.from_options(locals())
     step = _am_momentum(check_positive("lr", lr), am)
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
     return _run(
@@ -621,7 +600,7 @@ def _am_adam_family(
     betas = check_betas("betas", betas)
     eps = check_nonnegative("eps", eps)
     wd = check_nonnegative("weight_decay", weight_decay)
-    config = dataclasses.replace(am, beta_max=betas[0])
+    config = am
     # the L2 penalty (AM-Adam) is coupled by _run; decoupled/proximal decay is the core's
     l2 = mode == "l2"
 
@@ -719,16 +698,7 @@ def _minimize_am_adam(
         As for ``"adam"``.
     """
     _check_unknown_options(unknown_options)
-    am = AMConfig(
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
-    )
+    am = AMConfig.from_options(locals(), beta_max=check_betas("betas", betas)[0])
     return _am_adam_family(
         fun,
         x0,
@@ -805,16 +775,7 @@ def _minimize_am_adamw(
         As for ``"adam"``.
     """
     _check_unknown_options(unknown_options)
-    am = AMConfig(
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
-    )
+    am = AMConfig.from_options(locals(), beta_max=check_betas("betas", betas)[0])
     mode = check_weight_decay_mode(weight_decay_mode)
     return _am_adam_family(
         fun,
