@@ -24,6 +24,7 @@ from amopt._reduce import (
     acc_dtype,
     adam_sums,
     as_tuple,
+    compute_dtype,
     momentum_sums,
     restore,
     row,
@@ -433,7 +434,7 @@ def adam_init(params: Any) -> AdamState:
 
 def _widen(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
     """``arrays`` in the accumulation dtype of each array of ``like`` (half -> float32)."""
-    return tuple(_to(xp, a, acc_dtype(xp, [b])) for a, b in zip(arrays, like, strict=True))
+    return tuple(_to(xp, a, compute_dtype(xp, b)) for a, b in zip(arrays, like, strict=True))
 
 
 def _narrow(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
