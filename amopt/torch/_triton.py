@@ -181,9 +181,12 @@ def _sgd_reduce(
     wd = tl.full((), wd, tl.float64).to(ACC)
     if HAS_SCALE:
         scale = tl.load(scale_ptr).to(ACC)
-    vv = tl.zeros([BLOCK], ACC)
-    gg = tl.zeros([BLOCK], ACC)
-    dd = tl.zeros([BLOCK], ACC)
+    # tl.reduce with tl.sum's combine function rather than tl.sum (or tl.zeros), which are
+    # jit functions of triton.language: the interpreter runs those only if TRITON_INTERPRET
+    # was set before triton was imported, and these kernels must run in it either way
+    vv = tl.full([BLOCK], 0.0, ACC)
+    gg = tl.full([BLOCK], 0.0, ACC)
+    dd = tl.full([BLOCK], 0.0, ACC)
     for off in range(0, CHUNK, BLOCK):
         idx = start + off + tl.arange(0, BLOCK)
         if MASKED:
@@ -205,9 +208,9 @@ def _sgd_reduce(
         gg += g * g
         dd += d * d
     out = part_ptr + 3 * row
-    tl.store(out, tl.sum(vv, 0))
-    tl.store(out + 1, tl.sum(gg, 0))
-    tl.store(out + 2, tl.sum(dd, 0))
+    tl.store(out, tl.reduce(vv, 0, tl.standard._sum_combine))
+    tl.store(out + 1, tl.reduce(gg, 0, tl.standard._sum_combine))
+    tl.store(out + 2, tl.reduce(dd, 0, tl.standard._sum_combine))
 
 
 def _sgd_apply(
@@ -338,9 +341,9 @@ def _adam_reduce(
     a4 = tl.full((), a4, tl.float64).to(ACC)
     if HAS_SCALE:
         scale = tl.load(scale_ptr).to(ACC)
-    num = tl.zeros([BLOCK], ACC)
-    den = tl.zeros([BLOCK], ACC)
-    ref = tl.zeros([BLOCK], ACC)
+    num = tl.full([BLOCK], 0.0, ACC)
+    den = tl.full([BLOCK], 0.0, ACC)
+    ref = tl.full([BLOCK], 0.0, ACC)
     for off in range(0, CHUNK, BLOCK):
         idx = start + off + tl.arange(0, BLOCK)
         if MASKED:
@@ -381,9 +384,9 @@ def _adam_reduce(
         den += wvv
         ref += wref
     out = part_ptr + 3 * row
-    tl.store(out, tl.sum(num, 0))
-    tl.store(out + 1, tl.sum(den, 0))
-    tl.store(out + 2, tl.sum(ref, 0))
+    tl.store(out, tl.reduce(num, 0, tl.standard._sum_combine))
+    tl.store(out + 1, tl.reduce(den, 0, tl.standard._sum_combine))
+    tl.store(out + 2, tl.reduce(ref, 0, tl.standard._sum_combine))
 
 
 def _adam_apply(
@@ -501,12 +504,12 @@ def _segment_sum(
     hi = tl.load(seg_ptr + s + 1)
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, KP)
-    acc = tl.zeros([ROWS, KP], ACC)
+    acc = tl.full([ROWS, KP], 0.0, ACC)
     for r in range(lo, hi, ROWS):
         rr = r + rows
         m = (rr < hi)[:, None] & (cols < K)[None, :]
         acc += tl.load(part_ptr + rr[:, None] * K + cols[None, :], mask=m, other=0.0)
-    tl.store(out_ptr + s * K + cols, tl.sum(acc, 0), mask=cols < K)
+    tl.store(out_ptr + s * K + cols, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cols < K)
 
 
 @functools.cache
