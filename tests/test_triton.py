@@ -26,6 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")  # the only reason to skip: CI installs triton
 
+from amopt import _rule  # noqa: E402
 from amopt._config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
@@ -124,8 +125,13 @@ def sgd_oracle(x, g, d, *, lr, beta_max, wd, maximize, per_layer):
     return {"x": x_new, "d": d_new, "beta": beta, "kappa": kappa, "dd_dbeta": dbeta}
 
 
-def adam_oracle(x, g, d, v, steps, prods, *, lr, beta1, beta2, eps, wd, mode, maximize, per_layer):
-    """AM-Adam(W) step (algorithms.md section 3) in float64; ``prods[i]``: the scope's product."""
+def adam_oracle(
+    x, g, d, v, steps, prods, *, lr, beta1, beta2, eps, wd, mode, maximize, per_layer,
+    force_beta=None,
+):  # fmt: skip
+    """AM-Adam(W) step (algorithms.md section 3) in float64; ``prods[i]``: the scope's product.
+
+    ``force_beta`` replaces the rule's beta (the bias correction still uses ``beta1``)."""
     x = [t.double() for t in x]
     g = [-t.double() if maximize else t.double() for t in g]
     if mode == "l2":
@@ -156,7 +162,7 @@ def adam_oracle(x, g, d, v, steps, prods, *, lr, beta1, beta2, eps, wd, mode, ma
             den += float((w * (d[i] - g[i]) ** 2).sum())
             ref += float((w * d[i] ** 2).sum() + (w * g[i] ** 2).sum())
             out["p"][i] = p
-        b = _guarded(num, den, ref, beta1)
+        b = _guarded(num, den, ref, beta1) if force_beta is None else force_beta
         for i in scope:
             p = out["p"][i]
             coef = (b + LAM * p) / (1 + LAM * p)
@@ -419,3 +425,248 @@ def test_am_adamw_low_precision_step_by_step(dtype, per_layer):
             _assert_close(x, want["x"], x_tol, f"{side} x")
         assert all(t.dtype == dtype for t in tr.d + tr.v)
         assert all(p.dtype == torch.float32 for p in tr.prods)
+
+
+# --------------------------------------------------------------------------- GradScaler
+
+
+def _snapshot(run):
+    tensors = [run.x, run.d] + ([run.v, run.prods] if hasattr(run, "v") else [])
+    tensors.append(run.steps)
+    return [[None if t is None else t.clone() for t in group] for group in tensors]
+
+
+def _assert_identical(after, before):
+    """Bitwise equal; a buffer that did not exist before may now exist (its first step is
+    still to come, see the next test)."""
+    for group_a, group_b in zip(after, before, strict=True):
+        for a, b in zip(group_a, group_b, strict=True):
+            assert b is None or torch.equal(a, b)
+
+
+# the skipped step computes with infinite gradients: NumPy warns in the interpreter
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("kind", ["amsgd", "am_adamw"])
+def test_found_inf_skips_the_step_and_grad_scale_unscales(kind):
+    """found_inf = 1 changes nothing; found_inf = 0 and grad_scale = 2**10 on 2**10 g are the
+    plain step (a power of two scales and unscales exactly)."""
+    make = TritonSGD if kind == "amsgd" else TritonAdam
+    xs = _tensors(SHAPES, torch.float32, 7)
+    seq = _grad_sequence(SHAPES, 3, torch.float32, 8)
+    plain, scaled = make(xs), make(xs)
+    one, zero = torch.ones(1, device=DEVICE), torch.zeros(1, device=DEVICE)
+    scale = torch.full((1,), 2.0**10, device=DEVICE)
+    for grads in seq:
+        before = _snapshot(scaled)
+        inf_grads = [g * float("inf") for g in grads]
+        scaled.step(inf_grads, grad_scale=scale, found_inf=one)
+        _assert_identical(_snapshot(scaled), before)
+
+        bp = plain.step(grads)
+        bs = scaled.step([g * 2.0**10 for g in grads], grad_scale=scale, found_inf=zero)
+        _assert_identical(_snapshot(scaled), _snapshot(plain))
+        assert _betas(bs) == _betas(bp)
+
+
+def test_a_skipped_first_step_leaves_the_next_one_a_first_step():
+    """AMSGD's first step sets d = g; when GradScaler skips it, the next step still does."""
+    xs = _tensors(SHAPES, torch.float64, 9)
+    grads = _grad_sequence(SHAPES, 2, torch.float64, 10)
+    skipped, fresh = TritonSGD(xs), TritonSGD(xs)
+    skipped.step(grads[0], found_inf=torch.ones(1, device=DEVICE))
+    assert [float(s) for s in skipped.steps] == [0.0] * len(SHAPES)
+    assert all(d is not None for d in skipped.d)
+    skipped.step(grads[1])
+    fresh.step(grads[1])
+    _assert_identical(_snapshot(skipped), _snapshot(fresh))
+
+
+# --------------------------------------------------------------------------- state round trip
+
+
+def _sgd_state_dict(ref, run):
+    sd = ref.opt.state_dict()
+    sd["state"] = {
+        i: {"step": run.steps[i].clone(), "momentum_buffer": run.d[i].clone(), "beta": b}
+        for i, b in enumerate(run.last_betas)
+    }
+    return sd
+
+
+def _adam_state_dict(ref, run):
+    sd = ref.opt.state_dict()
+    sd["state"] = {
+        i: {
+            "step": run.steps[i].clone(),
+            "exp_avg": run.d[i].clone(),
+            "exp_avg_sq": run.v[i].clone(),
+            "beta1_prod": run.prods[i].clone(),
+            "beta": b,
+        }
+        for i, b in enumerate(run.last_betas)
+    }
+    return sd
+
+
+@pytest.mark.parametrize(
+    "kind, per_layer", [("amsgd", False), ("am_adamw", True), ("am_adamw", False)]
+)
+def test_state_round_trip(kind, per_layer):
+    """Two kernel steps, then the state goes into the optimizer's ``load_state_dict`` and both
+    continue; and two optimizer steps whose state the kernels continue. Same iterates."""
+    xs = _tensors(SHAPES, torch.float64, 11)
+    seq = _grad_sequence(SHAPES, 4, torch.float64, 12)
+    if kind == "amsgd":
+        run, ref, to_dict = TritonSGD(xs, per_layer=per_layer), _ref_sgd, _sgd_state_dict
+        keys = ("step", "momentum_buffer")
+    else:
+        run, ref, to_dict = TritonAdam(xs, per_layer=per_layer), _ref_adam, _adam_state_dict
+        keys = ("step", "exp_avg", "exp_avg_sq", "beta1_prod")
+    for grads in seq[:2]:
+        run.last_betas = run.step(grads)
+    # kernels -> optimizer
+    other = ref(run.x, per_layer=per_layer)
+    other.opt.load_state_dict(to_dict(other, run))
+    # optimizer -> kernels
+    lead = ref(xs, per_layer=per_layer)
+    for grads in seq[:2]:
+        lead.step(grads)
+    back = (TritonSGD if kind == "amsgd" else TritonAdam)(lead.x, per_layer=per_layer)
+    state = {k: [t.clone() for t in lead.state(k)] for k in keys}
+    back.steps, back.d = state["step"], state[keys[1]]
+    if kind != "amsgd":
+        back.v, back.prods = state["exp_avg_sq"], state["beta1_prod"]
+    for grads in seq[2:]:
+        bt, bo = run.step(grads), other.step(grads)
+        bb, bl = back.step(grads), lead.step(grads)
+        tol = 64 * _eps(torch.float64)
+        assert _betas(bt) == pytest.approx(_betas(bo), rel=tol, abs=tol)
+        assert _betas(bb) == pytest.approx(_betas(bl), rel=tol, abs=tol)
+        _assert_close(run.x, other.x, tol, "kernels -> optimizer x")
+        _assert_close(back.x, lead.x, tol, "optimizer -> kernels x")
+        _assert_close(run.d, other.state(keys[1]), tol, "kernels -> optimizer d")
+        _assert_close(back.d, lead.state(keys[1]), tol, "optimizer -> kernels d")
+
+
+# --------------------------------------------------------------------------- structure
+
+
+class _CountingKernel:
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def test_many_tensors_and_mixed_dtypes_in_few_launches(monkeypatch):
+    """24 tensors of two dtypes: one masked and one unmasked launch per dtype and kernel, and
+    the global scope accumulates in float64 because one of its tensors is float64."""
+    gen = torch.Generator().manual_seed(13)
+    shapes = [(int(n),) for n in torch.randint(0, 90, (24,), generator=gen)]
+    dtypes = [torch.float64 if i % 3 else torch.float32 for i in range(24)]
+    xs = [t.to(dt) for t, dt in zip(_tensors(shapes, torch.float64, 14), dtypes, strict=True)]
+    kernels = tri._kernels(tri._interpret())
+    counters = {}
+    for name in ("adam_reduce", "adam_apply", "segment_sum"):
+        counters[name] = _CountingKernel(kernels[name])
+        monkeypatch.setitem(kernels, name, counters[name])
+    for per_layer in (True, False):
+        tr, ref = TritonAdam(xs, per_layer=per_layer), _ref_adam(xs, per_layer=per_layer)
+        tr.prods = [torch.ones((), dtype=torch.float64, device=DEVICE) for _ in xs]
+        for grads in _grad_sequence(shapes, 2, torch.float64, 15):
+            grads = [g.to(dt) for g, dt in zip(grads, dtypes, strict=True)]
+            bt, br = tr.step(grads), ref.step(grads)
+            assert [b.dtype for b in bt] == [b.dtype for b in br]
+            assert _betas(bt) == pytest.approx(_betas(br), rel=1e-5, abs=1e-6)
+            _assert_close(tr.x, ref.x, 1e-6, "x")
+    # 2 dtypes x (whole chunks, partial chunks) x 2 steps x 2 scopes
+    assert len(counters["adam_reduce"].grids) == len(counters["adam_apply"].grids) == 16
+    # one segment sum per dtype (per-layer) or one for the group (global), per step
+    assert len(counters["segment_sum"].grids) == 2 * 2 + 2 * 1
+    assert sum(g[0] for g in counters["segment_sum"].grids[:2]) == 24  # one program per scope
+
+
+@pytest.mark.parametrize("kind", ["amsgd", "am_adamw"])
+def test_the_rule_is_looked_up_at_call_time(kind, monkeypatch):
+    """Replacing the rule in ``amopt._rule`` changes the kernels' step: beta is fixed at 0.25."""
+    calls = []
+
+    def momentum_beta(xp, sums, cfg, **kw):
+        calls.append(sums.shape)
+        beta = xp.full_like(sums[..., 0], 0.25)
+        return beta, (beta + cfg.lam) / (1 + cfg.lam)
+
+    def adam_beta(xp, sums, cfg, **kw):
+        calls.append(sums.shape)
+        return xp.full_like(sums[..., 0], 0.25)
+
+    monkeypatch.setattr(_rule, "momentum_beta", momentum_beta)
+    monkeypatch.setattr(_rule, "adam_beta", adam_beta)
+    xs = _tensors(SHAPES, torch.float64, 16)
+    g1, g2 = _grad_sequence(SHAPES, 2, torch.float64, 17)
+    if kind == "amsgd":
+        run = TritonSGD(xs, per_layer=True)
+        run.step(g1)  # d = g1
+        betas = run.step(g2)
+        gamma = (0.25 + LAM) / (1 + LAM)
+        want = [
+            x - 0.05 * a - 0.05 * (b + gamma * (a - b)) for x, a, b in zip(xs, g1, g2, strict=True)
+        ]
+    else:
+        run = TritonAdam(xs, per_layer=True)
+        betas = run.step(g1)
+        want = adam_oracle(
+            xs, g1, [torch.zeros_like(x) for x in xs], [torch.zeros_like(x) for x in xs],
+            [0.0] * len(xs), [1.0] * len(xs), lr=0.02, beta1=0.9, beta2=0.99, eps=1e-8,
+            wd=0.1, mode="decoupled", maximize=False, per_layer=True, force_beta=0.25,
+        )["x"]  # fmt: skip
+        assert _betas(run.prods) == [0.25] * len(xs)
+    assert calls and calls[0] == (len(SHAPES), 3)
+    assert _betas(betas) == [0.25] * len(xs)
+    _assert_close(run.x, want, 64 * _eps(torch.float64), "x")
+
+
+def test_available_says_why_not():
+    x = torch.zeros(4, device=DEVICE)
+    assert tri.available([x, torch.ones(4, device=DEVICE)]) is None
+    assert "dtype torch.int64" in tri.available([torch.zeros(4, dtype=torch.int64)])
+    assert "non-contiguous" in tri.available([torch.zeros(4, 4, device=DEVICE).T])
+    assert "sparse" in tri.available([torch.zeros(4, 4).to_sparse()])
+    if INTERPRET:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TRITON_INTERPRET", "0")
+            assert "CUDA" in tri.available([x])
+
+
+def test_argument_errors():
+    xs = _tensors([(3,)], torch.float32, 0)
+    run = TritonAdam(xs)
+    with pytest.raises(ValueError, match="beta1=0.5 differs from config.beta_max=0.9"):
+        tri.triton_am_adamw(
+            run.x, xs, run.d, run.v, run.steps, run.prods, config=run.config,
+            **{**run.kw, "beta1": 0.5},
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"grads\[0\] has shape \(4,\)"):
+        tri.triton_am_adamw(
+            run.x, [torch.zeros(4, device=DEVICE)], run.d, run.v, run.steps, run.prods,
+            config=run.config, **run.kw,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="weight_decay_mode"):
+        tri.triton_am_adamw(
+            run.x, xs, run.d, run.v, run.steps, run.prods, config=run.config,
+            **{**run.kw, "weight_decay_mode": "l1"},
+        )  # fmt: skip
+    with pytest.raises(TypeError, match="config must be an AMConfig"):
+        tri.triton_amsgd(run.x, xs, [None], run.steps, lr=0.1, weight_decay=0.0,
+                         maximize=False, config={"lam": 0.1})  # fmt: skip
+    with pytest.raises(ValueError, match="cannot run on these tensors: dtype torch.int32"):
+        tri.triton_amsgd([torch.zeros(3, dtype=torch.int32)], [torch.zeros(3, dtype=torch.int32)],
+                         [None], [torch.zeros(())], lr=0.1, weight_decay=0.0, maximize=False,
+                         config=_config(0.9, False))  # fmt: skip
+    with pytest.raises(ValueError, match="momentum_buffer_list has 2 entries for 1 parameters"):
+        tri.triton_amsgd(run.x, xs, [None, None], run.steps, lr=0.1, weight_decay=0.0,
+                         maximize=False, config=_config(0.9, False))  # fmt: skip
+    assert tri.triton_amsgd([], [], [], [], lr=0.1, weight_decay=0.0, maximize=False,
+                            config=_config(0.9, False)) == []  # fmt: skip

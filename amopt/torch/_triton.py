@@ -252,7 +252,7 @@ def _sgd_apply(
     if HAS_SCALE:
         scale = tl.load(scale_ptr).to(CT)
     if HAS_INF:
-        ok = tl.load(inf_ptr) == 0
+        ok = tl.broadcast_to(tl.load(inf_ptr), [BLOCK]) == 0
     for off in range(0, CHUNK, BLOCK):
         idx = start + off + tl.arange(0, BLOCK)
         if MASKED:
@@ -445,7 +445,7 @@ def _adam_apply(
     if HAS_SCALE:
         scale = tl.load(scale_ptr).to(CT)
     if HAS_INF:
-        ok = tl.load(inf_ptr) == 0
+        ok = tl.broadcast_to(tl.load(inf_ptr), [BLOCK]) == 0
     for off in range(0, CHUNK, BLOCK):
         idx = start + off + tl.arange(0, BLOCK)
         if MASKED:
