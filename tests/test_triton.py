@@ -670,3 +670,16 @@ def test_argument_errors():
                          maximize=False, config=_config(0.9, False))  # fmt: skip
     assert tri.triton_amsgd([], [], [], [], lr=0.1, weight_decay=0.0, maximize=False,
                             config=_config(0.9, False)) == []  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rows measure on a GPU here")
+def test_gpu_bench_rows_say_no_gpu():
+    from amopt.bench._cli import Settings, run_rows
+    from amopt.bench._gpu import gpt2_small_shapes, gpu_rows, llama_1b_shapes
+
+    # GPT-2 small and Llama-3.2-1B, tied output layers: their published parameter counts
+    assert sum(math.prod(s) for s in gpt2_small_shapes()) == 124_439_808
+    assert sum(math.prod(s) for s in llama_1b_shapes()) == 1_235_814_400
+    results = run_rows(gpu_rows(), Settings(repeat=1, quick=True))
+    assert [r.row.key for r in results] == ["gpu-gpt2", "gpu-1b"]
+    assert all(r.status == "skipped" and r.skipped.startswith("no GPU") for r in results)
