@@ -1,7 +1,8 @@
 r"""Triton kernels for the AM optimizers on the GPU: multi-tensor reduce -> rule -> apply.
 
-One optimizer step over a param group is five device stages and never reads a
-device value on the host (``docs/architecture.md``):
+One optimizer step over a param group is the reduce -> rule -> apply of
+:mod:`amopt._rule` in five device stages (the linearised numerator: the
+stochastic form of the rules, as the optimizers use it):
 
 1. **reduce** (one launch per parameter dtype, over every tensor of the group):
    each program reads one chunk of one tensor and writes the chunk's partial
@@ -24,13 +25,15 @@ float16 / bfloat16 / float32 parameters (float64 for float64); the state
 (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``) is kept in the parameter
 dtype, as in ``torch.optim.AdamW(fused=True)``.
 
+No device value is read on the host: the rule runs on the device, and the
+address tables and block maps are built from the tensors' metadata (and cached).
 GradScaler's fused protocol is supported: ``grad_scale`` divides the gradients
 inside the kernels, and ``found_inf`` (nonzero) masks every store, keeps the
 running products :math:`\pi` and leaves the step counters as they were. Step
-counters may be CPU tensors (as the optimizers keep them) or device tensors;
-with device counters nothing at all is read on the host. With CPU counters and
-``found_inf`` on the GPU, the counters are corrected with the value of
-``found_inf`` read on the host (one synchronisation).
+counters may be CPU tensors (as the optimizers keep them) or device tensors.
+The one exception to the rule above: with CPU counters and ``found_inf`` on the
+GPU, the counters are put back with ``found_inf`` read on the host (one
+synchronisation, on the steps GradScaler drives); device counters avoid it.
 
 Triton is imported when a step first runs, so that ``amopt`` imports without
 it. With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's
@@ -544,12 +547,13 @@ class _Launch:
     dtype: torch.dtype
     acc: torch.dtype  # the accumulation dtype of the sums this launch writes
     array: int  # index of that sums array
-    table: Tensor  # int64 (n, columns)
+    members: list[int]  # the tensors (indices into the step's lists), in table order
     full: Tensor  # int32 (n_full, 3): table row, chunk, partial-sums row
     tail: Tensor  # int32 (n_tail, 3), the last, partial chunk of each tensor
     n_full: int
     n_tail: int
-    aligned: bool
+    table: Tensor | None = None  # int64 (n, columns): addresses, numel, scope, tensor index
+    aligned: bool = True
 
 
 @dataclasses.dataclass
@@ -559,8 +563,18 @@ class _Plan:
     scope_of: list[tuple[int, int]]  # per tensor: (sums array, scope)
 
 
-_PLANS: dict[tuple, _Plan] = {}
-_PLAN_CACHE_SIZE = 8
+#: Layouts (block maps, scopes) by sizes and dtypes; address tables by addresses. Both
+#: are small device tensors, built once in steady training.
+_LAYOUTS: dict[tuple, _Plan] = {}
+_TABLES: dict[tuple, tuple[Tensor, bool]] = {}
+_CACHE_SIZE = 8
+
+
+def _remember(cache: dict, key: tuple, value: Any) -> Any:
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
 
 
 def _acc_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
@@ -573,33 +587,14 @@ def _host_to(t: Tensor, device: torch.device) -> Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool) -> _Plan:
-    """Address tables, block maps and scopes for the tensors ``columns[k][i]``.
-
-    ``columns[0]`` are the parameters; tensor ``i`` is described by the addresses
-    of ``columns[k][i]`` for every ``k``. Plans are cached by every address, size
-    and dtype, and by the chunk size, so steady training builds them once.
-    """
-    params = columns[0]
-    device = params[0].device
-    key = (
-        device,
-        per_layer,
-        BLOCK,
-        CHUNK,
-        tuple(
-            (p.dtype, p.numel(), *(col[i].data_ptr() for col in columns))
-            for i, p in enumerate(params)
-        ),
-    )
-    plan = _PLANS.get(key)
-    if plan is not None:
-        return plan
-
+def _layout(
+    device: torch.device, per_layer: bool, sizes: tuple[tuple[torch.dtype, int], ...]
+) -> _Plan:
+    """Launches (one per dtype), block maps and the scopes' rows of partial sums."""
     by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, p in enumerate(params):
-        by_dtype.setdefault(p.dtype, []).append(i)
-    scope_of: list[tuple[int, int]] = [(0, 0)] * len(params)
+    for i, (dtype, _) in enumerate(sizes):
+        by_dtype.setdefault(dtype, []).append(i)
+    scope_of: list[tuple[int, int]] = [(0, 0)] * len(sizes)
     arrays: list[tuple[torch.dtype, int, Tensor, int]] = []
     launches: list[_Launch] = []
     global_acc = _acc_dtype(by_dtype)
@@ -609,55 +604,68 @@ def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool) -> _Plan:
             array, acc, row0 = len(arrays), _acc_dtype([dtype]), 0
         else:
             array, acc, row0 = 0, global_acc, global_rows
-        numels = [params[i].numel() for i in members]
-        chunks = [-(-n // CHUNK) for n in numels]
-        rows = torch.tensor([0, *chunks], dtype=torch.int64).cumsum(0) + row0
-        full_t, full_c, full_r, tail_t, tail_c, tail_r = [], [], [], [], [], []
-        for k, n in enumerate(numels):
-            whole = n // CHUNK
-            full_t.append(torch.full((whole,), k, dtype=torch.int32))
-            full_c.append(torch.arange(whole, dtype=torch.int32))
-            full_r.append(torch.arange(whole, dtype=torch.int32) + int(rows[k]))
-            if n % CHUNK:
-                tail_t.append(k)
-                tail_c.append(whole)
-                tail_r.append(int(rows[k]) + whole)
-        full = torch.stack([torch.cat(full_t), torch.cat(full_c), torch.cat(full_r)], 1)
-        tail = torch.tensor([tail_t, tail_c, tail_r], dtype=torch.int32).T.contiguous()
-        table, aligned = [], True
+        numels = torch.tensor([sizes[i][1] for i in members], dtype=torch.int64)
+        whole = numels // CHUNK
+        has_tail = numels % CHUNK != 0
+        rows = torch.cat([torch.zeros(1, dtype=torch.int64), whole + has_tail]).cumsum(0) + row0
+        tensor = torch.repeat_interleave(torch.arange(len(members)), whole)
+        first = torch.repeat_interleave(whole.cumsum(0) - whole, whole)
+        chunk = torch.arange(int(whole.sum())) - first  # chunk index within its tensor
+        full = torch.stack([tensor, chunk, rows[tensor] + chunk], 1).to(torch.int32)
+        tails = torch.nonzero(has_tail).flatten()
+        tail = torch.stack([tails, whole[tails], rows[tails] + whole[tails]], 1).to(torch.int32)
         for k, i in enumerate(members):
-            ptrs = [col[i].data_ptr() for col in columns]
-            aligned = aligned and all(ptr % 16 == 0 for ptr in ptrs)
-            scope = k if per_layer else 0
-            table.append([*ptrs, numels[k], scope, i])
-            scope_of[i] = (array, scope)
+            scope_of[i] = (array, k if per_layer else 0)
         launches.append(
             _Launch(
                 dtype=dtype,
                 acc=acc,
                 array=array,
-                table=_host_to(torch.tensor(table, dtype=torch.int64), device),
+                members=members,
                 full=_host_to(full.contiguous(), device),
-                tail=_host_to(tail, device),
+                tail=_host_to(tail.contiguous(), device),
                 n_full=full.shape[0],
                 n_tail=tail.shape[0],
-                aligned=aligned,
             )
         )
         if per_layer:
-            arrays.append(
-                (acc, int(rows[-1]), _host_to(rows.to(torch.int32), device), len(members))
-            )
+            segments = _host_to(rows.to(torch.int32), device)
+            arrays.append((acc, int(rows[-1]), segments, len(members)))
         else:
             global_rows = int(rows[-1])
     if not per_layer:
         segments = _host_to(torch.tensor([0, global_rows], dtype=torch.int32), device)
         arrays.append((global_acc, global_rows, segments, 1))
-    plan = _Plan(launches=launches, arrays=arrays, scope_of=scope_of)
-    if len(_PLANS) >= _PLAN_CACHE_SIZE:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = plan
-    return plan
+    return _Plan(launches=launches, arrays=arrays, scope_of=scope_of)
+
+
+def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool) -> _Plan:
+    """The plan of a step over tensors ``i`` described by ``columns[k][i]`` for every ``k``.
+
+    ``columns[0]`` are the parameters. The layout is cached by dtypes, sizes and
+    chunk size; each launch's table of addresses by the addresses (gradients set
+    to ``None`` between steps may come back elsewhere: only the table is rebuilt).
+    """
+    params = columns[0]
+    device = params[0].device
+    sizes = tuple((p.dtype, p.numel()) for p in params)
+    key = (device, per_layer, CHUNK, sizes)
+    layout = _LAYOUTS.get(key) or _remember(_LAYOUTS, key, _layout(device, per_layer, sizes))
+    launches = []
+    for launch in layout.launches:
+        rows = [[col[i].data_ptr() for col in columns] for i in launch.members]
+        tkey = (device, per_layer, tuple(launch.members), tuple(map(tuple, rows)))
+        cached = _TABLES.get(tkey)
+        if cached is None:
+            table = [
+                [*ptrs, sizes[i][1], layout.scope_of[i][1], i]
+                for ptrs, i in zip(rows, launch.members, strict=True)
+            ]
+            aligned = all(ptr % 16 == 0 for ptrs in rows for ptr in ptrs)
+            cached = (_host_to(torch.tensor(table, dtype=torch.int64), device), aligned)
+            _remember(_TABLES, tkey, cached)
+        launches.append(dataclasses.replace(launch, table=cached[0], aligned=cached[1]))
+    return dataclasses.replace(layout, launches=launches)
 
 
 # --------------------------------------------------------------------------- driver
