@@ -1,8 +1,9 @@
 """The Triton kernels of the AM optimizers against the single-tensor path, step by step.
 
 Without a GPU the kernels run on CPU tensors in Triton's interpreter
-(``TRITON_INTERPRET=1``, set here for this module only; the kernels are compiled
-when first called, so the variable only has to be set by then). With a CUDA
+(``TRITON_INTERPRET=1``, set here for this module only: the kernels are compiled
+when first called and use none of ``triton.language``'s own jit functions, so the
+variable only has to be set by then, wherever triton was imported first). With a CUDA
 device they run compiled, on the GPU. Chunks and tiles are made small so that
 tensors of a few dozen elements span several programs, whole and partial.
 
@@ -52,12 +53,9 @@ def _small_chunks_and_interpreter():
         yield
 
 
-def _tensors(shapes, dtype, seed, scale=1.0):
+def _tensors(shapes, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    return [
-        (scale * torch.randn(s, generator=gen, dtype=torch.float64)).to(DEVICE, dtype)
-        for s in shapes
-    ]
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(DEVICE, dtype) for s in shapes]
 
 
 def _grad_sequence(shapes, n_steps, dtype, seed, noise=0.3):
@@ -631,9 +629,9 @@ def test_the_rule_is_looked_up_at_call_time(kind, monkeypatch):
 def test_available_says_why_not():
     x = torch.zeros(4, device=DEVICE)
     assert tri.available([x, torch.ones(4, device=DEVICE)]) is None
-    assert "dtype torch.int64" in tri.available([torch.zeros(4, dtype=torch.int64)])
+    assert "dtype torch.int64" in tri.available([torch.zeros(4, dtype=torch.int64, device=DEVICE)])
     assert "non-contiguous" in tri.available([torch.zeros(4, 4, device=DEVICE).T])
-    assert "sparse" in tri.available([torch.zeros(4, 4).to_sparse()])
+    assert "sparse" in tri.available([torch.zeros(4, 4, device=DEVICE).to_sparse()])
     if INTERPRET:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TRITON_INTERPRET", "0")
@@ -662,7 +660,8 @@ def test_argument_errors():
         tri.triton_amsgd(run.x, xs, [None], run.steps, lr=0.1, weight_decay=0.0,
                          maximize=False, config={"lam": 0.1})  # fmt: skip
     with pytest.raises(ValueError, match="cannot run on these tensors: dtype torch.int32"):
-        tri.triton_amsgd([torch.zeros(3, dtype=torch.int32)], [torch.zeros(3, dtype=torch.int32)],
+        int32 = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+        tri.triton_amsgd([int32], [int32.clone()],
                          [None], [torch.zeros(())], lr=0.1, weight_decay=0.0, maximize=False,
                          config=_config(0.9, False))  # fmt: skip
     with pytest.raises(ValueError, match="momentum_buffer_list has 2 entries for 1 parameters"):
