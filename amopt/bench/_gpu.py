@@ -120,7 +120,6 @@ class GpuAdamCase:
             config = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=True)
             hyper = dict(
                 lr=1e-3,
-                beta1=0.9,
                 beta2=0.999,
                 eps=1e-8,
                 weight_decay=1e-2,

@@ -938,7 +938,6 @@ def triton_am_adamw(
     beta1_prods: list[Tensor],
     *,
     lr: float,
-    beta1: float,
     beta2: float,
     eps: float,
     weight_decay: float,
@@ -971,17 +970,16 @@ def triton_am_adamw(
     beta1_prods : list of Tensor
         0-d running products :math:`\pi` (ones before the first step); with a
         global scope the first entry is the scope's product.
-    lr, beta1, beta2, eps, weight_decay : float
-        As in :class:`~amopt.torch.AMAdamW`; ``beta1`` is :math:`\beta_{1,\max}`
-        and must equal ``config.beta_max``.
+    lr, beta2, eps, weight_decay : float
+        As in :class:`~amopt.torch.AMAdamW`.
     weight_decay_mode : {"decoupled", "proximal", "l2"}
         ``"l2"`` is AM-Adam: :math:`\mu x` is added to the gradient first, and the
         rule and update see no decay.
     maximize : bool
         Ascend instead of descend.
     config : AMConfig
-        ``lam``, ``beta_max``, ``per_layer`` and the variant. The numerator is
-        always the linearised one.
+        ``lam``, ``beta_max`` (:math:`\beta_{1,\max}`), ``per_layer`` and the
+        variant. The numerator is always the linearised one.
     grad_scale : Tensor, optional
         One-element tensor: the gradients are divided by it (GradScaler's scale).
     found_inf : Tensor, optional
@@ -1009,16 +1007,10 @@ def triton_am_adamw(
         raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
     check_choice("weight_decay_mode", weight_decay_mode, _rule.WEIGHT_DECAY_MODES)
     lr = check_nonnegative("lr", lr)
-    beta1 = check_nonnegative("beta1", beta1)
     beta2 = check_nonnegative("beta2", beta2)
     eps = check_nonnegative("eps", eps)
     weight_decay = check_nonnegative("weight_decay", weight_decay)
     maximize = check_bool("maximize", maximize)
-    if beta1 != config.beta_max:
-        raise ValueError(
-            f"{name}: beta1={beta1!r} differs from config.beta_max={config.beta_max!r}; "
-            "build the config with beta_max=beta1"
-        )
     n = len(params)
     if n == 0:
         return [], []
