@@ -82,7 +82,15 @@ OTHER = {
     "partition-AMSGD-global-process-group": ("AMSGD", {"per_layer": False}),
     "ddp-AMSGD-global": ("AMSGD", {"per_layer": False}),
 }
-CONFIGS = {**FSDP, **ZERO, **TP, **OTHER}
+# four ranks on a 2 x 2 mesh ("dp", "tp"): FSDP x TP (Megatron MLP, fully_shard over "dp")
+# and HSDP (fully_shard over the whole mesh: Replicate() on "dp", Shard(0) on "tp")
+MESH_2D = {
+    "fsdp-x-tp-AMAdamW-layer-foreach": ("AMAdamW", {"per_layer": True, "foreach": True}),
+    "fsdp-x-tp-AMSGD-layer-single": ("AMSGD", {"per_layer": True, "foreach": False}),
+    "hsdp-AMAdamW-layer-single": ("AMAdamW", {"per_layer": True, "foreach": False}),
+    "hsdp-AMSGD-global-foreach": ("AMSGD", {"per_layer": False, "foreach": True}),
+}
+CONFIGS = {**FSDP, **ZERO, **TP, **OTHER, **MESH_2D}
 
 
 # --------------------------------------------------------------------------- models, data
@@ -397,21 +405,64 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def _run_2d(name: str, opt: str, kw: dict, mesh) -> dict:
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    if name.startswith("hsdp"):
+        model = _fsdp(_mlp(), mesh)
+        rows = slice(dist.get_rank() * BATCH // 4, (dist.get_rank() + 1) * BATCH // 4)
+        outputs = 1
+    else:
+        model = _tp_model("mlp")
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        model = _fsdp(model, mesh["dp"])
+        rows, outputs = _rows(mesh["dp"].get_local_rank()), 2
+    optimizer = OPTIMIZERS[opt](model.parameters(), **kw)
+    betas = _train(model, optimizer, rows, outputs=outputs)
+    placements = {n: repr(tuple(p.placements)) for n, p in model.named_parameters()}
+    return {"betas": betas, "params": _full_params(model), "placements": placements}
+
+
+def _worker_2d(rank: int, port: int, out_dir: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    started = time.perf_counter()
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    results: dict = {}
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        for name, (opt, kw) in MESH_2D.items():
+            comm_stats(reset=True)
+            try:
+                res = _run_2d(name, opt, kw, mesh)
+            except Exception:
+                res = {"error": traceback.format_exc()}
+            res["stats"] = comm_stats()
+            results[name] = res
+        results["seconds"] = time.perf_counter() - started
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks():
+def _spawn(worker, nprocs: int) -> list[dict]:
+    """Run ``worker`` on ``nprocs`` ranks; a rank that hangs fails the test after TIMEOUT_S."""
     with tempfile.TemporaryDirectory(prefix="amopt-dist-") as out_dir:
         context = mp.start_processes(
-            _worker,
-            args=(_free_port(), out_dir),
-            nprocs=WORLD_SIZE,
-            join=False,
-            start_method="spawn",
+            worker, args=(_free_port(), out_dir), nprocs=nprocs, join=False, start_method="spawn"
         )
         deadline = time.monotonic() + TIMEOUT_S
         while not context.join(timeout=1):
@@ -419,7 +470,14 @@ def ranks():
                 for proc in context.processes:
                     proc.kill()
                 pytest.fail(f"the distributed workers did not finish within {TIMEOUT_S} s")
-        yield [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(nprocs)]
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    two = _spawn(_worker, WORLD_SIZE)
+    four = _spawn(_worker_2d, 4)
+    return [{**r, **four[k]} for k, r in enumerate(two)] + four[WORLD_SIZE:]
 
 
 # --------------------------------------------------------------------------- references
@@ -429,7 +487,7 @@ def _reference(name: str) -> dict:
     """The same training in one process, on the whole batch, with plain tensors."""
     opt, kw = CONFIGS[name]
     kw = {k: v for k, v in kw.items() if k != "fused"}
-    if name.startswith("tp-"):
+    if name.startswith(("tp-", "fsdp-x-tp")):
         model, outputs, dtype = _tp_model(_tp_kind(name)), 2, torch.float64
     else:
         dtype = torch.float32 if name.endswith("float32") else torch.float64
@@ -454,6 +512,7 @@ def _tolerance(name: str) -> dict:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_matches_single_process(ranks, name):
+    ranks = [r for r in ranks if name in r]  # the 2-D mesh runs have four ranks
     for rank, result in enumerate(ranks):
         assert "error" not in result[name], f"rank {rank}:\n{result[name]['error']}"
     ref = _reference(name)
@@ -484,18 +543,29 @@ def _packed(name: str) -> tuple[int, int]:
         return 2, 1
     if not CONFIGS[name][1]["per_layer"]:
         return 1, 1
+    if name.startswith("fsdp-x-tp"):
+        return 1, 4  # one all-reduce over the whole mesh; the bias replicated on "tp" masked
     # every FSDP2 tensor (the empty shard too); the replicated TP bias needs no reduction
     return 1, 3 if name.startswith("tp-") else 6
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith(("fsdp2", "zero", "tp"))])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if not n.startswith(("ddp", "partition"))])
 def test_one_packed_all_reduce_per_step(ranks, name):
     collectives, scopes = _packed(name)
-    for result in ranks:
+    for result in (r for r in ranks if name in r):
         stats = result[name]["stats"]
         assert stats["collectives"] == collectives * N_STEPS, stats
         # 3 sums per scope, float64
         assert stats["bytes"] == collectives * N_STEPS * scopes * 3 * 8, stats
+
+
+def test_2d_meshes_hold_the_layouts_they_test(ranks):
+    placements = ranks[0]["fsdp-x-tp-AMAdamW-layer-foreach"]["placements"]
+    assert "_StridedShard" in placements["0.weight"]  # FSDP over a TP-sharded dim
+    assert "Replicate" in placements["2.bias"]  # sharded over "dp" only: masked on "tp"
+    assert ranks[0]["hsdp-AMSGD-global-foreach"]["placements"]["0.weight"] == (
+        "(Replicate(), Shard(dim=0))"
+    )
 
 
 def test_ddp_needs_no_collective(ranks):
@@ -524,7 +594,7 @@ def test_fused_falls_back_for_sharded_scopes_and_says_why(ranks):
     ],
 )
 def test_rejected_layouts_name_the_parameter(ranks, key, pieces):
-    for result in ranks:
+    for result in ranks[:WORLD_SIZE]:
         message = result["errors"][key]
         for piece in pieces:
             assert piece in message, message
@@ -532,7 +602,7 @@ def test_rejected_layouts_name_the_parameter(ranks, key, pieces):
 
 @pytest.mark.parametrize("opt", ["AMAdamW", "AMSGD"])
 def test_distributed_checkpoint_resumes_bit_identically(ranks, opt):
-    for result in ranks:
+    for result in ranks[:WORLD_SIZE]:
         ckpt = result["checkpoint"][opt]
         assert ckpt["params_equal"] and ckpt["state_equal"], ckpt
         assert "beta" in ckpt["state_keys"] and "step" in ckpt["state_keys"]
