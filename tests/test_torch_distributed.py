@@ -296,10 +296,57 @@ def _errors(mesh, rank: int) -> dict[str, str]:
         mine = [p for k, p in enumerate(model.parameters()) if k % WORLD_SIZE == rank]
         _train(model, AMSGD(mine, lr=0.1), _rows(rank), ddp)
 
+    def fsdp1_flat_parameter():
+        w = nn.Parameter(torch.ones(4, dtype=torch.float64))
+        w._fsdp_flattened = True  # what FullyShardedDataParallel marks its flat parameters with
+        w.grad = torch.ones_like(w)
+        AMAdamW([w]).step()
+
     expect("partial", partial)
+    expect("fsdp1", fsdp1_flat_parameter)
     expect("mixed-scope", mixed_scope)
     expect("plain-in-dtensor-group", plain_in_dtensor_group)
     expect("partition-without-group", partition_without_group)
+    return out
+
+
+def _misc(mesh) -> dict:
+    """A process group in a param group; the fused kernels on replicated DTensors.
+
+    ``state_dict()`` must pickle and ``load_state_dict`` keep the running group; the
+    fused kernels run on the local tensors of ``Replicate()`` DTensors.
+    """
+    import io
+
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    out = {}
+    w = nn.Parameter(torch.ones(3, dtype=torch.float64))
+    w.grad = torch.ones_like(w)
+    opt = AMSGD([w], lr=0.1, process_group=dist.group.WORLD)
+    opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    opt.load_state_dict(torch.load(buffer))
+    out["group_kept"] = opt.param_groups[0]["process_group"] is dist.group.WORLD
+
+    torch.manual_seed(3)
+    full = torch.randn(5, 4, dtype=torch.float64)
+    grads = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
+    replicated = nn.Parameter(distribute_tensor(full, mesh, [Replicate()]))
+    plain = nn.Parameter(full.clone())
+    fused = AMAdamW([replicated], lr=0.1, fused=True)
+    reference = AMAdamW([plain], lr=0.1, fused=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for g in grads:
+            replicated.grad = distribute_tensor(g, mesh, [Replicate()])
+            plain.grad = g.clone()
+            fused.step()
+            reference.step()
+    out["fused_warnings"] = [str(w.message) for w in caught]
+    out["fused_equal"] = torch.equal(replicated.to_local(), plain.detach())
     return out
 
 
@@ -399,6 +446,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             res["seconds"] = time.perf_counter() - started
             results[name] = res
         results["errors"] = _errors(mesh, rank)
+        results["misc"] = _misc(mesh)
         results["checkpoint"] = _checkpoint(mesh, rank, out_dir)
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -568,6 +616,17 @@ def test_2d_meshes_hold_the_layouts_they_test(ranks):
     )
 
 
+def test_state_dict_pickles_and_keeps_the_process_group(ranks):
+    assert ranks[0]["misc"]["group_kept"]
+
+
+def test_fused_kernels_run_on_replicated_dtensors(ranks):
+    if not fused_status()["available"]:
+        pytest.skip("no fused kernels here")
+    misc = ranks[0]["misc"]
+    assert misc["fused_warnings"] == [] and misc["fused_equal"], misc
+
+
 def test_ddp_needs_no_collective(ranks):
     assert ranks[0]["ddp-AMSGD-global"]["stats"]["collectives"] == 0
 
@@ -591,6 +650,7 @@ def test_fused_falls_back_for_sharded_scopes_and_says_why(ranks):
         ),
         ("plain-in-dtensor-group", ["TypeError", "parameter 3", "torch.Tensor"]),
         ("partition-without-group", ["RuntimeError", "per_layer=False", "process_group="]),
+        ("fsdp1", ["ValueError", "parameter 0", "FSDP1", "fully_shard"]),
     ],
 )
 def test_rejected_layouts_name_the_parameter(ranks, key, pieces):

@@ -360,6 +360,22 @@ def _group_key(process_group: Any) -> Any:
     return process_group
 
 
+def _reject_flat(params: list[Tensor]) -> None:
+    """FSDP1 gives each rank flat pieces of its tensors, with nothing saying how they join."""
+    for i, p in enumerate(params):
+        if getattr(p, "_fsdp_flattened", False):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                raise ValueError(
+                    f"{_describe(i, p)} is flattened by FullyShardedDataParallel (FSDP1): each "
+                    "rank holds a flat piece of it, so no rank can compute the beta of its "
+                    "scope. Shard the model with torch.distributed.fsdp.fully_shard (FSDP2), "
+                    "whose DTensor parameters the AM optimizers combine across ranks"
+                )
+            return
+
+
 def localize(
     params: list[Tensor],
     grads: list[Tensor],
@@ -405,6 +421,7 @@ def localize(
                     raise TypeError(
                         f"{_describe(i, params[i])} is a torch.Tensor, its gradient a DTensor"
                     )
+        _reject_flat(params)
         key = None if per_layer else _group_key(process_group)
         sync = None if key is None else ScopeSync(False, [key])
         return (params, grads, *states, sync)
