@@ -61,6 +61,9 @@ FSDP = {
 }
 FSDP["fsdp2-AMAdamW-layer-foreach-float32"] = ("AMAdamW", {"per_layer": True, "foreach": True})
 FSDP["fsdp2-AMAdamW-layer-fused"] = ("AMAdamW", {"per_layer": True, "fused": True})
+# a float32 layer between float64 ones: two foreach buckets whose scopes interleave
+FSDP["fsdp2-AMSGD-layer-foreach-mixed"] = ("AMSGD", {"per_layer": True, "foreach": True})
+FSDP["fsdp2-AMAdamW-global-foreach-mixed"] = ("AMAdamW", {"per_layer": False, "foreach": True})
 ZERO = {
     "zero-AMAdamW-layer": ("AMAdamW", {"per_layer": True}),
     "zero-AMAdamW-global": ("AMAdamW", {"per_layer": False}),
@@ -96,12 +99,26 @@ CONFIGS = {**FSDP, **ZERO, **TP, **OTHER, **MESH_2D}
 # --------------------------------------------------------------------------- models, data
 
 
-def _mlp(dtype: torch.dtype = torch.float64) -> nn.Module:
+class _Cast(nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+
+def _mlp(dtype: torch.dtype = torch.float64, mixed: bool = False) -> nn.Module:
     # 16, 3 and 1 output rows: even shards, uneven ones and an empty shard on rank 1
     torch.manual_seed(0)
-    return nn.Sequential(
+    model = nn.Sequential(
         nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3), nn.Tanh(), nn.Linear(3, 1)
     ).to(dtype)
+    if mixed:  # the middle layer in float32
+        model[2].float()
+        model.insert(2, _Cast(torch.float32))
+        model.insert(4, _Cast(dtype))
+    return model
 
 
 def _batch(t: int, dtype: torch.dtype = torch.float64, outputs: int = 1):
@@ -207,7 +224,7 @@ def _fsdp(model: nn.Module, mesh) -> nn.Module:
 
 def _run_fsdp(name: str, opt: str, kw: dict, mesh, rank: int) -> dict:
     dtype = torch.float32 if name.endswith("float32") else torch.float64
-    model = _fsdp(_mlp(dtype), mesh)
+    model = _fsdp(_mlp(dtype, mixed=name.endswith("mixed")), mesh)
     optimizer = OPTIMIZERS[opt](model.parameters(), **kw)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -539,7 +556,7 @@ def _reference(name: str) -> dict:
         model, outputs, dtype = _tp_model(_tp_kind(name)), 2, torch.float64
     else:
         dtype = torch.float32 if name.endswith("float32") else torch.float64
-        model, outputs = _mlp(dtype), 1
+        model, outputs = _mlp(dtype, mixed=name.endswith("mixed")), 1
     params = list(model.parameters())
     if name.endswith("two-groups"):
         params = [{"params": params[:1]}, {"params": params[1:]}]
@@ -551,11 +568,9 @@ def _reference(name: str) -> dict:
 def _tolerance(name: str) -> dict:
     # float64: the ranks add their halves of the batch and of each scope in another order
     # than the reference (a few ulps), amplified by a few steps of the rule
-    return (
-        {"rtol": 1e-6, "atol": 1e-7}
-        if name.endswith("float32")
-        else {"rtol": 1e-10, "atol": 1e-12}
-    )
+    if name.endswith(("float32", "mixed")):
+        return {"rtol": 1e-6, "atol": 1e-7}
+    return {"rtol": 1e-10, "atol": 1e-12}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
