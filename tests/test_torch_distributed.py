@@ -93,7 +93,8 @@ MESH_2D = {
     "hsdp-AMAdamW-layer-single": ("AMAdamW", {"per_layer": True, "foreach": False}),
     "hsdp-AMSGD-global-foreach": ("AMSGD", {"per_layer": False, "foreach": True}),
 }
-CONFIGS = {**FSDP, **ZERO, **TP, **OTHER, **MESH_2D}
+TWO_RANKS = {**FSDP, **ZERO, **TP, **OTHER}
+CONFIGS = {**TWO_RANKS, **MESH_2D}
 
 
 # --------------------------------------------------------------------------- models, data
@@ -165,6 +166,53 @@ def _train(
     return betas
 
 
+def _combined_sums(model) -> dict[str, bool]:
+    """The combined sums of each scope equal the sums over the full tensors, numel included.
+
+    The beta is invariant to scaling all sums of a scope, so a scope counted twice (summed
+    over ranks that hold replicas) leaves the betas unchanged: it is checked here directly,
+    for per-layer scopes (as one (k,) row per tensor and as two interleaved (m, k)
+    entries, as the foreach buckets pass them) and for the global scope.
+    """
+    from amopt.torch._distributed import localize, sync_sums
+
+    params = [p for p in model.parameters() if p.grad is not None]
+
+    def rows(ps, gs):
+        return [
+            torch.stack(
+                [(g.double() ** 2).sum(), (p.double() ** 2).sum(), torch.tensor(g.numel())]
+            ).to(torch.float64)
+            for p, g in zip(ps, gs, strict=True)
+        ]
+
+    full = rows([p.full_tensor() for p in params], [p.grad.full_tensor() for p in params])
+    out = {}
+    local_params, local_grads, sync = localize(params, [p.grad for p in params], per_layer=True)
+    local = rows(local_params, local_grads)
+    got = sync_sums(sync, local)
+    out["per-layer"] = all(
+        torch.allclose(a, b, rtol=1e-12) for a, b in zip(got, full, strict=True)
+    )
+    odd, even = list(range(1, len(params), 2)), list(range(0, len(params), 2))
+    buckets = [torch.stack([local[i] for i in odd]), torch.stack([local[i] for i in even])]
+    got = sync_sums(sync, buckets, [odd, even])
+    out["buckets"] = all(
+        torch.allclose(got[b][r], full[i], rtol=1e-12)
+        for b, idx in enumerate((odd, even))
+        for r, i in enumerate(idx)
+    )
+    try:
+        local_params, local_grads, sync = localize(
+            params, [p.grad for p in params], per_layer=False
+        )
+    except ValueError:  # a mixed layout: no global scope
+        return out
+    (got,) = sync_sums(sync, [torch.stack(rows(local_params, local_grads)).sum(0)])
+    out["global"] = torch.allclose(got, torch.stack(full).sum(0), rtol=1e-12)
+    return out
+
+
 def _full_params(model) -> dict[str, torch.Tensor]:
     return {
         n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
@@ -210,7 +258,13 @@ def _run_tp(name: str, opt: str, kw: dict, mesh) -> dict:
     optimizer = OPTIMIZERS[opt](model.parameters(), **kw)
     # tensor parallel: every rank sees the whole batch
     betas = _train(model, optimizer, slice(0, BATCH), forward, outputs=2)
-    return {"betas": betas, "params": _full_params(model)}
+    stats = comm_stats()
+    return {
+        "betas": betas,
+        "params": _full_params(model),
+        "stats": stats,
+        "sums": _combined_sums(model),
+    }
 
 
 def _fsdp(model: nn.Module, mesh) -> nn.Module:
@@ -233,6 +287,8 @@ def _run_fsdp(name: str, opt: str, kw: dict, mesh, rank: int) -> dict:
         "betas": betas,
         "params": _full_params(model),
         "warnings": [str(w.message) for w in caught],
+        "stats": comm_stats(),  # before the checks of the sums below add their own
+        "sums": _combined_sums(model),
     }
 
 
@@ -443,7 +499,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     results: dict = {}
     try:
         mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-        for name, (opt, kw) in CONFIGS.items():
+        for name, (opt, kw) in TWO_RANKS.items():
             comm_stats(reset=True)
             started = time.perf_counter()
             try:
@@ -459,7 +515,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                     res = _run_ddp(name, opt, kw, rank)
             except Exception:  # reported by the test of this configuration
                 res = {"error": traceback.format_exc()}
-            res["stats"] = comm_stats()
+            res.setdefault("stats", comm_stats())
             res["seconds"] = time.perf_counter() - started
             results[name] = res
         results["errors"] = _errors(mesh, rank)
@@ -489,7 +545,13 @@ def _run_2d(name: str, opt: str, kw: dict, mesh) -> dict:
     optimizer = OPTIMIZERS[opt](model.parameters(), **kw)
     betas = _train(model, optimizer, rows, outputs=outputs)
     placements = {n: repr(tuple(p.placements)) for n, p in model.named_parameters()}
-    return {"betas": betas, "params": _full_params(model), "placements": placements}
+    return {
+        "betas": betas,
+        "params": _full_params(model),
+        "placements": placements,
+        "stats": comm_stats(),  # before the checks of the sums below add their own
+        "sums": _combined_sums(model),
+    }
 
 
 def _worker_2d(rank: int, port: int, out_dir: str) -> None:
@@ -509,7 +571,7 @@ def _worker_2d(rank: int, port: int, out_dir: str) -> None:
                 res = _run_2d(name, opt, kw, mesh)
             except Exception:
                 res = {"error": traceback.format_exc()}
-            res["stats"] = comm_stats()
+            res.setdefault("stats", comm_stats())
             results[name] = res
         results["seconds"] = time.perf_counter() - started
     finally:
@@ -620,6 +682,16 @@ def test_one_packed_all_reduce_per_step(ranks, name):
         assert stats["collectives"] == collectives * N_STEPS, stats
         # 3 sums per scope, float64
         assert stats["bytes"] == collectives * N_STEPS * scopes * 3 * 8, stats
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith(("fsdp", "tp", "hsdp"))])
+def test_combined_sums_are_those_of_the_full_tensors(ranks, name):
+    expected = {"per-layer", "buckets"}
+    if not CONFIGS[name][1]["per_layer"] or "nobias" in name or name.startswith(("fsdp2", "hsdp")):
+        expected.add("global")
+    for result in (r for r in ranks if name in r):
+        sums = result[name]["sums"]
+        assert set(sums) == expected and all(sums.values()), sums
 
 
 def test_2d_meshes_hold_the_layouts_they_test(ranks):
