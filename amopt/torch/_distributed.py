@@ -50,7 +50,8 @@ __all__ = [
     "sync_sums",
 ]
 
-#: Number of sums per scope of every AM rule (``vv, gg, dd`` and ``num, den, ref``).
+#: Sums per scope of the optimizers' rules: ``vv, gg, dd`` (linearised AM-MSGD) and
+#: ``num, den, ref`` (AM-Adam); a rank with nothing to reduce contributes this many zeros.
 _K = 3
 
 _STATS = {"collectives": 0, "bytes": 0, "seconds": 0.0}
@@ -229,14 +230,15 @@ class ScopeSync:
         out = list(sums)
         if not self.needs_collective:
             return out
-        # (entry, rows of the entry, scope of each row) for every entry of sums
-        entries = []
+        # rows are picked with unbind/stack, never with an index tensor: building one on
+        # the device would copy from the host and synchronise with the stream
+        entries = []  # (entry, its rows, the scope of each row)
         for j, s in enumerate(sums):
-            rows = s.reshape(-1, _K)
+            rows = s.unbind(0) if s.dim() == 2 else (s,)
             if not self.per_layer:
-                scopes: Sequence[int] = [0]
+                scopes: Sequence[int] = [0] * len(rows)
             elif index is None:
-                scopes = [j] if s.dim() == 1 else range(rows.shape[0])
+                scopes = [j] if s.dim() == 1 else range(len(rows))
             else:
                 scopes = index[j]
             entries.append((j, rows, scopes))
@@ -249,35 +251,30 @@ class ScopeSync:
                 continue
             parts, layout = [], []
             for j, rows, scopes in entries:
-                picked = [r for r, s in enumerate(scopes) if self.row_channel[s] == c]
-                if not picked:
-                    continue
-                part = rows if len(picked) == rows.shape[0] else rows[picked]
-                part = part.to(device=device, dtype=dtype)
-                zero = [k for k, r in enumerate(picked) if self.masked[scopes[r]]]
-                if zero:
-                    part = part.index_fill(0, torch.tensor(zero, device=device), 0.0)
-                parts.append(part)
-                layout.append((j, picked, part.shape[0]))
+                picked = [r for r, scope in enumerate(scopes) if self.row_channel[scope] == c]
+                for r in picked:
+                    row = rows[r].to(device=device, dtype=dtype)
+                    parts.append(torch.zeros_like(row) if self.masked[scopes[r]] else row)
+                if picked:
+                    layout.append((j, picked))
             if not parts:
                 continue
-            buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
-            works.append((buf, layout, self._all_reduce(buf, channel.groups)))
-        for buf, layout, work in works:
-            if work is not None:
-                work.wait()
+            buf = torch.cat(parts)  # a new tensor: the all-reduce never writes into ``sums``
+            works.append((buf, layout, parts[0].numel(), self._all_reduce(buf, channel.groups)))
+        for buf, layout, k, work in works:
+            work.wait()
+            reduced = buf.view(-1, k).unbind(0)
             offset = 0
-            for j, picked, m in layout:
-                reduced = buf[offset : offset + m]
-                offset += m
+            for j, picked in layout:
                 s = out[j]
-                reduced = reduced.to(device=s.device, dtype=s.dtype)
-                if m == s.reshape(-1, _K).shape[0]:
-                    out[j] = reduced.reshape(s.shape)
+                if s.dim() == 1:
+                    out[j] = reduced[offset].to(device=s.device, dtype=s.dtype)
                 else:
-                    merged = s.reshape(-1, _K).clone()
-                    merged[picked] = reduced
-                    out[j] = merged.reshape(s.shape)
+                    rows = list(s.unbind(0))
+                    for n, r in enumerate(picked):
+                        rows[r] = reduced[offset + n].to(device=s.device, dtype=s.dtype)
+                    out[j] = torch.stack(rows)
+                offset += len(picked)
         _STATS["seconds"] += time.perf_counter() - started
         return out
 
@@ -551,10 +548,14 @@ def _replica_check_pending(optimizer: Any, group: dict[str, Any]) -> bool:
         return False
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return False
+    checked = optimizer.__dict__.setdefault("_am_replicas_checked", set())
+    if id(group) in checked:
+        return False
     dtensor = _dtensor_type()
     if dtensor is not None and any(isinstance(p, dtensor) for p in group["params"]):
+        checked.add(id(group))  # DTensor groups say themselves which ranks hold what
         return False
-    return id(group) not in optimizer.__dict__.setdefault("_am_replicas_checked", set())
+    return True
 
 
 def _check_replicas(optimizer: Any, group: dict[str, Any], fingerprint: Tensor) -> None:
@@ -592,7 +593,9 @@ def scope_group(optimizer: Any, group: dict[str, Any], grads: list[Tensor]) -> A
     """
     if group.get("process_group") is not None:
         return group["process_group"]
-    if not group["per_layer"] and optimizer.__dict__.get("_am_zero_group") is not None:
+    if group["per_layer"]:
+        return None
+    if optimizer.__dict__.get("_am_zero_group") is not None:
         return optimizer.__dict__["_am_zero_group"]
     if _replica_check_pending(optimizer, group):
         acc = torch.float32 if grads[0].device.type == "mps" else torch.float64
