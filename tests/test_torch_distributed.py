@@ -425,20 +425,25 @@ def _misc(mesh) -> dict:
 
 def _checkpoint(mesh, rank: int, directory: str) -> dict:
     """Save after 3 steps (torch.distributed.checkpoint), resume in a new model: bit-identical."""
+    import copy
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
         get_optimizer_state_dict,
         get_state_dict,
+        set_optimizer_state_dict,
         set_state_dict,
     )
 
     out = {}
-    for opt, kw in (("AMAdamW", {"per_layer": False}), ("AMSGD", {"per_layer": True})):
+    cases = (("AMAdamW", {"per_layer": False}), ("AMSGD", {"per_layer": True}), ("full", {}))
+    for opt, kw in cases:
         path = os.path.join(directory, f"ckpt-{opt}")
 
         def build(opt=opt, kw=kw):
             model = _fsdp(_mlp(), mesh)
-            return model, OPTIMIZERS[opt](model.parameters(), **kw)
+            return model, OPTIMIZERS["AMAdamW" if opt == "full" else opt](model.parameters(), **kw)
 
         def steps(model, optimizer, first):
             for t in range(first, first + 3):
@@ -450,6 +455,10 @@ def _checkpoint(mesh, rank: int, directory: str) -> dict:
         model, optimizer = build()
         steps(model, optimizer, 0)
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        if opt == "full":  # the optimizer's state as full tensors on every rank
+            full = StateDictOptions(full_state_dict=True)
+            # a copy: the 0-d step counters would otherwise stay those of the live state
+            optim_full = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=full))
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         steps(model, optimizer, 3)
         straight = {n: p.to_local().clone() for n, p in model.named_parameters()}
@@ -462,6 +471,10 @@ def _checkpoint(mesh, rank: int, directory: str) -> dict:
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
+        if opt == "full":
+            model, optimizer = build()
+            model.load_state_dict(state["model"])
+            set_optimizer_state_dict(model, optimizer, optim_full, options=full)
         steps(model, optimizer, 3)
         resumed = {n: p.to_local().clone() for n, p in model.named_parameters()}
         resumed_state = get_optimizer_state_dict(model, optimizer)
@@ -477,11 +490,11 @@ def _checkpoint(mesh, rank: int, directory: str) -> dict:
                 for k, v in entry.items()
             ),
             "state_keys": sorted({k for e in straight_state["state"].values() for k in e}),
-            "momentum_is_dtensor": all(
+            "momentum_is_dtensor": [
                 hasattr(s["momentum_buffer"], "to_local")
                 for s in optimizer.state.values()
                 if "momentum_buffer" in s
-            ),
+            ],
         }
     return out
 
@@ -747,10 +760,11 @@ def test_rejected_layouts_name_the_parameter(ranks, key, pieces):
             assert piece in message, message
 
 
-@pytest.mark.parametrize("opt", ["AMAdamW", "AMSGD"])
+@pytest.mark.parametrize("opt", ["AMAdamW", "AMSGD", "full"])
 def test_distributed_checkpoint_resumes_bit_identically(ranks, opt):
     for result in ranks[:WORLD_SIZE]:
         ckpt = result["checkpoint"][opt]
         assert ckpt["params_equal"] and ckpt["state_equal"], ckpt
         assert "beta" in ckpt["state_keys"] and "step" in ckpt["state_keys"]
-        assert ckpt["momentum_is_dtensor"]
+        if opt == "AMSGD":  # buffers created on local tensors are stored as DTensors
+            assert ckpt["momentum_is_dtensor"] and all(ckpt["momentum_is_dtensor"])
