@@ -12,6 +12,7 @@ collects the error messages of the layouts that are rejected.
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import tempfile
@@ -303,7 +304,11 @@ def _run_zero(name: str, opt: str, kw: dict, rank: int) -> dict:
     cls, hyper = HYPER[opt]
     optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **{**hyper, **kw})
     betas = _train(model, optimizer, _rows(rank), ddp)
-    return {"betas": betas, "params": _full_params(model)}
+    stats = comm_stats()
+    optimizer.consolidate_state_dict(to=0)  # the local state dicts travel pickled
+    if rank == 0:
+        torch.save(optimizer.state_dict(), io.BytesIO())
+    return {"betas": betas, "params": _full_params(model), "stats": stats}
 
 
 def _run_partition(name: str, opt: str, kw: dict, rank: int) -> dict:
@@ -389,8 +394,6 @@ def _misc(mesh) -> dict:
     ``state_dict()`` must pickle and ``load_state_dict`` keep the running group; the
     fused kernels run on the local tensors of ``Replicate()`` DTensors.
     """
-    import io
-
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     out = {}
