@@ -360,13 +360,13 @@ def _errors(mesh, rank: int) -> dict[str, str]:
             p.grad = torch.zeros_like(p)
         AMSGD(model.parameters(), lr=0.1, per_layer=False).step()
 
-    def plain_in_dtensor_group():
+    def plain_in_global_dtensor_scope():
         model, _ = _shard_tp(_tp_model("nobias"), "nobias", mesh)
         extra = nn.Parameter(torch.ones(2, dtype=torch.float64))
         params = [*model.parameters(), extra]
         for p in params:
             p.grad = torch.zeros_like(p)
-        AMAdamW(params, lr=0.1).step()
+        AMAdamW(params, lr=0.1, per_layer=False).step()
 
     def partition_without_group():
         model = _mlp()
@@ -383,7 +383,7 @@ def _errors(mesh, rank: int) -> dict[str, str]:
     expect("partial", partial)
     expect("fsdp1", fsdp1_flat_parameter)
     expect("mixed-scope", mixed_scope)
-    expect("plain-in-dtensor-group", plain_in_dtensor_group)
+    expect("plain-in-global-dtensor-scope", plain_in_global_dtensor_scope)
     expect("partition-without-group", partition_without_group)
     return out
 
@@ -394,7 +394,7 @@ def _misc(mesh) -> dict:
     ``state_dict()`` must pickle and ``load_state_dict`` keep the running group; the
     fused kernels run on the local tensors of ``Replicate()`` DTensors.
     """
-    from torch.distributed.tensor import Replicate, distribute_tensor
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     out = {}
     w = nn.Parameter(torch.ones(3, dtype=torch.float64))
@@ -423,6 +423,22 @@ def _misc(mesh) -> dict:
             reference.step()
     out["fused_warnings"] = [str(w.message) for w in caught]
     out["fused_equal"] = torch.equal(replicated.to_local(), plain.detach())
+
+    # a plain tensor among DTensors (a parameter FSDP2 ignores): a per-layer scope of its own
+    sharded = nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
+    whole = nn.Parameter(full[0].clone())
+    params = [nn.Parameter(full.clone()), nn.Parameter(full[0].clone())]
+    mixed = AMSGD([sharded, whole], lr=0.1, per_layer=True)
+    reference = AMSGD(params, lr=0.1, per_layer=True)
+    for g in grads:
+        sharded.grad = distribute_tensor(g, mesh, [Shard(0)])
+        whole.grad = g[1].clone()
+        params[0].grad, params[1].grad = g.clone(), g[1].clone()
+        mixed.step()
+        reference.step()
+    out["mixed_equal"] = torch.allclose(
+        sharded.full_tensor(), params[0].detach(), rtol=1e-12
+    ) and torch.equal(whole.detach(), params[1].detach())
     return out
 
 
@@ -730,6 +746,10 @@ def test_fused_kernels_run_on_replicated_dtensors(ranks):
     assert misc["fused_warnings"] == [] and misc["fused_equal"], misc
 
 
+def test_plain_tensors_among_dtensors_are_per_layer_scopes(ranks):
+    assert ranks[0]["misc"]["mixed_equal"]
+
+
 def test_ddp_needs_no_collective(ranks):
     assert ranks[0]["ddp-AMSGD-global"]["stats"]["collectives"] == 0
 
@@ -751,7 +771,10 @@ def test_fused_falls_back_for_sharded_scopes_and_says_why(ranks):
             "mixed-scope",
             ["ValueError", "per_layer=False", "parameter 0", "parameter 3", "Replicate"],
         ),
-        ("plain-in-dtensor-group", ["TypeError", "parameter 3", "torch.Tensor"]),
+        (
+            "plain-in-global-dtensor-scope",
+            ["ValueError", "per_layer=False", "parameter 3", "torch.Tensor", "Shard(dim=0)"],
+        ),
         ("partition-without-group", ["RuntimeError", "per_layer=False", "process_group="]),
         ("fsdp1", ["ValueError", "parameter 0", "FSDP1", "fully_shard"]),
     ],

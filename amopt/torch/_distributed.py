@@ -97,11 +97,13 @@ def _is_sharded(placement: Any) -> bool:
 
 
 def _describe(i: int, t: Tensor) -> str:
-    spec = f"parameter {i} of the param group (shape {tuple(t.shape)}"
     placements = getattr(t, "placements", None)
-    if placements is not None:
-        spec += f", placements {tuple(placements)}, mesh {t.device_mesh}"
-    return spec + ")"
+    if placements is None:
+        return f"parameter {i} of the param group (a torch.Tensor of shape {tuple(t.shape)})"
+    return (
+        f"parameter {i} of the param group (a DTensor of shape {tuple(t.shape)}, "
+        f"placements {tuple(placements)}, mesh {t.device_mesh})"
+    )
 
 
 class _MeshKey:
@@ -128,10 +130,10 @@ class _MeshKey:
         self.mesh, self.shard_dims, self.coordinate = mesh, tuple(shard), tuple(coordinate)
 
     def same_ranks(self, other: Any) -> bool:
-        return (
-            isinstance(other, _MeshKey)
-            and self.shard_dims == other.shard_dims
-            and self.mesh == other.mesh
+        if other is None or not isinstance(other, _MeshKey):
+            return not self.shard_dims  # replicated everywhere, as a plain tensor
+        return self.shard_dims == other.shard_dims and (
+            not self.shard_dims or self.mesh == other.mesh
         )
 
 
@@ -333,6 +335,10 @@ def fused_reason(sync: ScopeSync | None) -> str | None:
 def _local(i: int, t: Tensor | None, p: Tensor, what: str, dtensor: type) -> Tensor | None:
     if t is None:
         return None
+    if not isinstance(p, dtensor):
+        if isinstance(t, dtensor):
+            raise TypeError(f"{_describe(i, p)}: its {what} is a DTensor")
+        return t
     if not isinstance(t, dtensor):
         raise TypeError(
             f"{_describe(i, p)} is a DTensor but its {what} is a {type(t).__name__}; "
@@ -373,6 +379,10 @@ def _reject_flat(params: list[Tensor]) -> None:
             return
 
 
+def _same_as_plain(key: Any) -> bool:
+    return key is None or not key.shard_dims
+
+
 def localize(
     params: list[Tensor],
     grads: list[Tensor],
@@ -409,6 +419,12 @@ def localize(
         spread over different ranks (naming the two parameters).
     TypeError
         A DTensor parameter with a plain-tensor gradient or state, or the reverse.
+
+    Notes
+    -----
+    Plain tensors in a group of DTensors are taken to be whole on every rank (as
+    the parameters FSDP2 is told to ignore): per-layer scopes of their own, and
+    part of a ``per_layer=False`` scope only with DTensors that are replicated too.
     """
     dtensor = _dtensor_type()
     if dtensor is None or not any(isinstance(p, dtensor) for p in params):
@@ -423,16 +439,9 @@ def localize(
         sync = None if key is None else ScopeSync(False, [key])
         return (params, grads, *states, sync)
 
-    keys: list[Any] = []
-    for i, p in enumerate(params):
-        if not isinstance(p, dtensor):
-            raise TypeError(
-                f"{_describe(i, p)} is a torch.Tensor in a param group of DTensors; the "
-                "AM optimizers need every parameter of a group laid out the same way "
-                "(put it in its own param group)"
-            )
-        keys.append(_MeshKey(i, p))
-    local_params = [p.to_local() for p in params]
+    # plain tensors among DTensors: whole on every rank (e.g. parameters FSDP2 ignores)
+    keys = [_MeshKey(i, p) if isinstance(p, dtensor) else None for i, p in enumerate(params)]
+    local_params = [p.to_local() if isinstance(p, dtensor) else p for p in params]
     local_grads = [
         _local(i, g, p, "gradient", dtensor)
         for i, (g, p) in enumerate(zip(grads, params, strict=True))
@@ -446,7 +455,8 @@ def localize(
     ]
     if not per_layer:
         for i, key in enumerate(keys[1:], start=1):
-            if not key.same_ranks(keys[0]):
+            first = keys[0]
+            if not (key.same_ranks(first) if key is not None else _same_as_plain(first)):
                 raise ValueError(
                     f"per_layer=False: {_describe(0, params[0])} and {_describe(i, params[i])} "
                     "are spread over different ranks, so their sums cannot form one scope; "
@@ -472,6 +482,9 @@ def store_new_states(
     for i, (old, new) in enumerate(zip(dst, src, strict=True)):
         if old is None and new is not None:
             p = params[i]
+            if not isinstance(p, dtensor):
+                dst[i] = new
+                continue
             dst[i] = dtensor.from_local(
                 new, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
             )
