@@ -24,6 +24,7 @@ from amopt._reduce import (
     acc_dtype,
     adam_sums,
     as_tuple,
+    compute_dtype,
     momentum_sums,
     restore,
     row,
@@ -56,10 +57,6 @@ __all__ = [
 
 #: Weight-decay modes of :func:`am_adam_step` (``minimize``'s ``am-adamw``).
 WEIGHT_DECAY_MODES = ("decoupled", "proximal")
-
-
-def _cfg(**kw: Any) -> AMConfig:
-    return AMConfig.cached(**kw)
 
 
 class _Bounds(NamedTuple):
@@ -166,9 +163,7 @@ def apply_variant(
     >>> float(apply_variant(np.asarray(0.75), "restart"))
     0.9
     """
-    cfg = _cfg(
-        variant=variant, beta_min=beta_min, theta=theta, beta_high=beta_high, beta_low=beta_low
-    )
+    cfg = AMConfig.from_options(locals())
     return _rule.apply_variant(array_namespace(beta), beta, cfg)
 
 
@@ -379,17 +374,7 @@ def am_momentum_step(
     (0.25, [-0.375, -0.125])
     """
     if config is None:
-        config = _cfg(
-            lam=lam,
-            beta_max=beta_max,
-            numerator=numerator,
-            per_layer=per_layer,
-            variant=variant,
-            beta_min=beta_min,
-            theta=theta,
-            beta_high=beta_high,
-            beta_low=beta_low,
-        )
+        config = AMConfig.from_options(locals())
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     f_decrease = _f_decrease(config.numerator, f, state.f_prev)
@@ -449,7 +434,7 @@ def adam_init(params: Any) -> AdamState:
 
 def _widen(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
     """``arrays`` in the accumulation dtype of each array of ``like`` (half -> float32)."""
-    return tuple(_to(xp, a, acc_dtype(xp, [b])) for a, b in zip(arrays, like, strict=True))
+    return tuple(_to(xp, a, compute_dtype(xp, b)) for a, b in zip(arrays, like, strict=True))
 
 
 def _narrow(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
@@ -670,17 +655,7 @@ def am_adam_step(
     0.9
     """
     if config is None:
-        config = _cfg(
-            lam=lam,
-            beta_max=betas[0],
-            numerator=numerator,
-            per_layer=per_layer,
-            variant=variant,
-            beta_min=beta_min,
-            theta=theta,
-            beta_high=beta_high,
-            beta_low=beta_low,
-        )
+        config = AMConfig.from_options(locals(), beta_max=betas[0])
     xs0, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     xp = array_namespace(*xs0, *gs)

@@ -11,15 +11,15 @@ from collections.abc import Callable
 from scipy.optimize import OptimizeResult
 
 from amopt import _core
-from amopt._loop import _check_unknown_options, _run, _sampling
-from amopt._validation import (
-    check_am_options,
+from amopt._config import (
+    AMConfig,
     check_betas,
     check_interval,
     check_nonnegative,
     check_positive,
     check_weight_decay_mode,
 )
+from amopt._loop import _check_unknown_options, _run, _sampling
 
 __all__ = ["METHODS"]
 
@@ -44,26 +44,41 @@ def _minimize_gd(
     lr : float
         Step size :math:`\eta > 0` (``1/L`` for an L-smooth f).
     weight_decay : float
-        Coupled L2 weight decay: the gradient used is ``g + weight_decay * x``.
+        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
+        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
+        ``res.fun`` and ``res.jac`` (and the callback's) stay :math:`f` and
+        :math:`\nabla f`, the values of ``fun`` and ``jac``.
     maxiter : int
         Maximum number of steps.
     gtol : float
-        Stop when ``max|g| <= gtol``; 0 disables the test.
+        Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
     """
     _check_unknown_options(unknown_options)
     lr = check_positive("lr", lr)
     wd = check_nonnegative("weight_decay", weight_decay)
 
     def step(xs, gs, f, state):
-        return _core.gd_step(xs, gs, lr=lr, weight_decay=wd), None, None
+        return _core.gd_step(xs, gs, lr=lr), None, None
 
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, gtol=gtol, is_am=False)
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        gtol=gtol,
+        is_am=False,
+        weight_decay=wd,
+    )
 
 
-def _heavy_ball(lr, beta, wd):
+def _heavy_ball(lr, beta):
+    # weight decay is coupled by _run: gs is already g + wd * x
     def step(xs, gs, f, state):
         state = _core.heavy_ball_init(xs) if state is None else state
-        xs, state = _core.heavy_ball_step(xs, gs, state, lr=lr, beta=beta, weight_decay=wd)
+        xs, state = _core.heavy_ball_step(xs, gs, state, lr=lr, beta=beta)
         return xs, state, None
 
     return step
@@ -96,27 +111,36 @@ def _minimize_mgd(
     beta : float
         Momentum coefficient in [0, 1].
     weight_decay : float
-        Coupled L2 weight decay.
+        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
+        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
+        ``res.fun`` and ``res.jac`` (and the callback's) stay :math:`f` and
+        :math:`\nabla f`, the values of ``fun`` and ``jac``.
     maxiter : int
         Maximum number of steps.
     gtol : float
-        Stop when ``max|g| <= gtol``; 0 disables the test.
+        Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
     """
     _check_unknown_options(unknown_options)
-    step = _heavy_ball(
-        check_positive("lr", lr),
-        check_interval("beta", beta, 0.0, 1.0),
-        check_nonnegative("weight_decay", weight_decay),
+    step = _heavy_ball(check_positive("lr", lr), check_interval("beta", beta, 0.0, 1.0))
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        gtol=gtol,
+        is_am=False,
+        weight_decay=check_nonnegative("weight_decay", weight_decay),
     )
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, gtol=gtol, is_am=False)
 
 
-def _am_momentum(lr, beta_max, wd, am):
+def _am_momentum(lr, config):
+    # weight decay is coupled by _run: gs is g + wd * x and f is f + wd/2 |x|^2
     def step(xs, gs, f, state):
         state = _core.am_momentum_init(xs) if state is None else state
-        return _core.am_momentum_step(
-            xs, gs, state, lr=lr, beta_max=beta_max, f=f, weight_decay=wd, **am
-        )
+        return _core.am_momentum_step(xs, gs, state, lr=lr, f=f, config=config)
 
     return step
 
@@ -165,10 +189,14 @@ def _minimize_am_mgd(
     beta_max : float
         Upper bound of :math:`\beta_t`, in [0, 1].
     numerator : {"exact", "linear"}
-        ``"exact"`` uses the decrease of f (needs f values); ``"linear"`` the
-        linearised numerator :math:`(1+\lambda)\|g\|^2 - \lambda\|d-g\|^2`.
+        ``"exact"`` uses the decrease of the objective (needs f values; with
+        ``weight_decay``, of :math:`F` below); ``"linear"`` the linearised
+        numerator :math:`(1+\lambda)\|g\|^2 - \lambda\|d-g\|^2`.
     weight_decay : float
-        Coupled L2 weight decay.
+        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
+        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
+        ``res.fun`` and ``res.jac`` (and the callback's) stay :math:`f` and
+        :math:`\nabla f`, the values of ``fun`` and ``jac``.
     per_layer : bool
         With a list of arrays as ``x0``: one beta per array instead of one global beta.
     variant : {None, "clip", "restart"}
@@ -179,26 +207,24 @@ def _minimize_am_mgd(
     maxiter : int
         Maximum number of steps.
     gtol : float
-        Stop when ``max|g| <= gtol``; 0 disables the test.
+        Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
+    am = AMConfig.from_options(locals())
+    step = _am_momentum(check_positive("lr", lr), am)
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        gtol=gtol,
+        is_am=True,
+        weight_decay=check_nonnegative("weight_decay", weight_decay),
+        decay_in_f=am.numerator == "exact",
     )
-    step = _am_momentum(
-        check_positive("lr", lr),
-        check_interval("beta_max", beta_max, 0.0, 1.0),
-        check_nonnegative("weight_decay", weight_decay),
-        am,
-    )
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, gtol=gtol, is_am=True)
 
 
 def _minimize_sgd(
@@ -224,18 +250,25 @@ def _minimize_sgd(
     lr : float
         Step size.
     weight_decay : float
-        Coupled L2 weight decay.
+        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
+        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
+        ``res.fun`` and ``res.jac`` (and the callback's ``fun``) stay :math:`f`
+        and :math:`\nabla f`, the values of ``fun``.
     maxiter : int
         Number of mini-batch steps.
     batch_size : int
-        Mini-batch size (default 32) when ``fun`` is a FiniteSum.
+        Mini-batch size when ``fun`` is a FiniteSum; default
+        ``min(32, fun.n_samples)``. Without replacement it is at most
+        ``fun.n_samples``.
     seed : int, numpy.random.Generator or None
-        Seed of the sampler; the same seed gives the same trajectory.
+        Seed of the sampler; the same seed gives the same trajectory. Ignored
+        (with an ``OptimizeWarning``) when nothing is sampled.
     replace : bool
         ``False`` (default): epochs of random reshuffling, every sample once per
         epoch. ``True``: i.i.d. uniform indices with replacement (the theory setting).
     gtol : float
-        Stop when the mini-batch ``max|g| <= gtol``; 0 (default) disables the test.
+        Stop when the mini-batch :math:`\max|g + \mu x| \le` ``gtol``; 0 (default)
+        disables the test.
 
     Notes
     -----
@@ -247,10 +280,21 @@ def _minimize_sgd(
     wd = check_nonnegative("weight_decay", weight_decay)
 
     def step(xs, gs, f, state):
-        return _core.gd_step(xs, gs, lr=lr, weight_decay=wd), None, None
+        return _core.gd_step(xs, gs, lr=lr), None, None
 
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=False, **sampling)
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        is_am=False,
+        weight_decay=wd,
+        **sampling,
+    )
 
 
 def _minimize_msgd(
@@ -280,13 +324,20 @@ def _minimize_msgd(
         As for ``"sgd"``.
     """
     _check_unknown_options(unknown_options)
-    step = _heavy_ball(
-        check_positive("lr", lr),
-        check_interval("beta", beta, 0.0, 1.0),
-        check_nonnegative("weight_decay", weight_decay),
-    )
+    step = _heavy_ball(check_positive("lr", lr), check_interval("beta", beta, 0.0, 1.0))
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=False, **sampling)
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        is_am=False,
+        weight_decay=check_nonnegative("weight_decay", weight_decay),
+        **sampling,
+    )
 
 
 def _minimize_am_sgd(
@@ -329,31 +380,30 @@ def _minimize_am_sgd(
     lr, lam, beta_max, numerator, weight_decay, per_layer, variant
         As for ``"am-mgd"``, with defaults ``lam=0.1``, ``beta_max=0.9``,
         ``numerator="linear"`` (the exact numerator would compare f on two
-        different mini-batches).
+        different mini-batches; with ``weight_decay`` it uses the decrease of
+        the mini-batch :math:`F = f + \frac{\mu}{2}\|x\|^2`).
     beta_min, theta, beta_high, beta_low
         As for ``"am-mgd"``.
     maxiter, batch_size, seed, replace, gtol
         As for ``"sgd"``.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
-    )
-    step = _am_momentum(
-        check_positive("lr", lr),
-        check_interval("beta_max", beta_max, 0.0, 1.0),
-        check_nonnegative("weight_decay", weight_decay),
-        am,
-    )
+    am = AMConfig.from_options(locals())
+    step = _am_momentum(check_positive("lr", lr), am)
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=True, **sampling)
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        is_am=True,
+        weight_decay=check_nonnegative("weight_decay", weight_decay),
+        decay_in_f=am.numerator == "exact",
+        **sampling,
+    )
 
 
 def _adam_family(
@@ -379,15 +429,29 @@ def _adam_family(
     eps = check_nonnegative("eps", eps)
     wd = check_nonnegative("weight_decay", weight_decay)
 
+    # L2 decay (Adam) is coupled by _run, decoupled decay (AdamW) applied by the core
+    core_wd = wd if decoupled else 0.0
+
     def step(xs, gs, f, state):
         state = _core.adam_init(xs) if state is None else state
         xs, state = _core.adam_step(
-            xs, gs, state, lr=lr, betas=betas, eps=eps, weight_decay=wd, decoupled=decoupled
+            xs, gs, state, lr=lr, betas=betas, eps=eps, weight_decay=core_wd, decoupled=decoupled
         )
         return xs, state, None
 
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=False)
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=False, **sampling)
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        is_am=False,
+        weight_decay=0.0 if decoupled else wd,
+        **sampling,
+    )
 
 
 def _minimize_adam(
@@ -425,11 +489,15 @@ def _minimize_adam(
     eps : float
         Denominator term :math:`\epsilon \ge 0`.
     weight_decay : float
-        L2 penalty added to the gradient.
+        L2 penalty :math:`\mu \ge 0` added to the gradient (coupled): the method
+        minimises :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along
+        :math:`g + \mu x`. ``res.fun`` and ``res.jac`` (and the callback's) stay
+        :math:`f` and :math:`\nabla f`, the values of ``fun`` and ``jac``.
     maxiter : int
         Maximum number of steps.
     gtol : float
-        Stop when ``max|g| <= gtol``; default 1e-5 full batch, 0 (off) with ``batch_size``.
+        Stop when :math:`\max|g + \mu x| \le` ``gtol`` (the mini-batch gradient with
+        ``batch_size``); default 1e-5 full batch, 0 (off) with ``batch_size``.
     batch_size, seed, replace
         With a :class:`~amopt.FiniteSum` ``fun``: mini-batch steps (see ``"sgd"``);
         ``batch_size=None`` uses the full gradient.
@@ -476,10 +544,18 @@ def _minimize_adamw(
 
     Options
     -------
-    lr, betas, eps, maxiter, gtol, batch_size, seed, replace
+    lr, betas, eps, maxiter, batch_size, seed, replace
         As for ``"adam"``.
     weight_decay : float
-        Decoupled weight decay: :math:`x \leftarrow (1 - \eta\mu) x` before the step.
+        Decoupled weight decay :math:`\mu \ge 0`: :math:`x \leftarrow (1 - \eta\mu) x`
+        before the step.
+        The decoupled decay is not the gradient of an objective: ``res.fun``
+        and ``res.jac`` are :math:`f` and :math:`\nabla f`, and ``gtol`` tests
+        :math:`\max|\nabla f|` (at a fixed point of the decoupled iteration
+        :math:`\nabla f` is of order :math:`\epsilon\mu|x|`).
+    gtol : float
+        Stop when :math:`\max|\nabla f| \le` ``gtol`` (the mini-batch gradient with
+        ``batch_size``); default 1e-5 full batch, 0 (off) with ``batch_size``.
     """
     _check_unknown_options(unknown_options)
     return _adam_family(
@@ -524,12 +600,12 @@ def _am_adam_family(
     betas = check_betas("betas", betas)
     eps = check_nonnegative("eps", eps)
     wd = check_nonnegative("weight_decay", weight_decay)
+    config = am
+    # the L2 penalty (AM-Adam) is coupled by _run; decoupled/proximal decay is the core's
     l2 = mode == "l2"
 
     def step(xs, gs, f, state):
         state = _core.am_adam_init(xs) if state is None else state
-        if l2 and wd != 0:
-            gs = tuple(g + wd * x for g, x in zip(gs, xs, strict=True))
         return _core.am_adam_step(
             xs,
             gs,
@@ -540,11 +616,22 @@ def _am_adam_family(
             weight_decay=0.0 if l2 else wd,
             weight_decay_mode="decoupled" if l2 else mode,
             f=f,
-            **am,
+            config=config,
         )
 
     sampling = _sampling(fun, batch_size, seed, replace, gtol, always=False)
-    return _run(fun, x0, args, jac, callback, step=step, maxiter=maxiter, is_am=True, **sampling)
+    return _run(
+        fun,
+        x0,
+        args,
+        jac,
+        callback,
+        step=step,
+        maxiter=maxiter,
+        is_am=True,
+        weight_decay=wd if l2 else 0.0,
+        **sampling,
+    )
 
 
 def _minimize_am_adam(
@@ -593,11 +680,16 @@ def _minimize_am_adam(
     eps : float
         Denominator term.
     weight_decay : float
-        L2 penalty added to the gradient (AM-Adam has no decoupled decay).
+        L2 penalty :math:`\mu \ge 0` added to the gradient, as for ``"adam"``
+        (AM-Adam has no decoupled decay): the steps and ``gtol`` use
+        :math:`g + \mu x`, ``res.fun`` and ``res.jac`` are :math:`f` and
+        :math:`\nabla f`.
     lam : float
         Proximal regularisation :math:`\lambda \ge 0` (default 0.1).
     numerator : {"linear", "exact"}
-        ``"exact"`` uses the decrease of f (full batch only makes sense).
+        ``"exact"`` uses the decrease of f (full batch only makes sense). It is
+        the decrease of ``fun`` itself, without the ``weight_decay`` penalty
+        (algorithms.md section 3: the L2 penalty enters the gradient only).
     per_layer : bool
         One beta per array of ``x0`` (default) or one global beta.
     variant, beta_min, theta, beta_high, beta_low
@@ -606,16 +698,7 @@ def _minimize_am_adam(
         As for ``"adam"``.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
-    )
+    am = AMConfig.from_options(locals(), beta_max=check_betas("betas", betas)[0])
     return _am_adam_family(
         fun,
         x0,
@@ -678,24 +761,21 @@ def _minimize_am_adamw(
     -------
     weight_decay : float
         :math:`\mu \ge 0` (default 1e-2, as ``torch.optim.AdamW``).
+        The decoupled decay is not the gradient of an objective: ``res.fun``
+        and ``res.jac`` are :math:`f` and :math:`\nabla f`, and ``gtol`` tests
+        :math:`\max|\nabla f|` (at a fixed point of the decoupled iteration
+        :math:`\nabla f` is of order :math:`\epsilon\mu|x|`).
     weight_decay_mode : {"decoupled", "proximal"}
         How the decay is applied.
     lr, betas, eps, lam, numerator, per_layer, variant, beta_min, theta, beta_high, beta_low
         As for ``"am-adam"``.
-    maxiter, gtol, batch_size, seed, replace
+    gtol : float
+        As for ``"adamw"``.
+    maxiter, batch_size, seed, replace
         As for ``"adam"``.
     """
     _check_unknown_options(unknown_options)
-    am = check_am_options(
-        lam=lam,
-        numerator=numerator,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-        per_layer=per_layer,
-    )
+    am = AMConfig.from_options(locals(), beta_max=check_betas("betas", betas)[0])
     mode = check_weight_decay_mode(weight_decay_mode)
     return _am_adam_family(
         fun,

@@ -7,7 +7,7 @@ whose keyword arguments are the method's options) and share the loop of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from scipy.optimize import OptimizeResult
@@ -42,12 +42,15 @@ def minimize(
     fun : callable or FiniteSum
         ``fun(x, *args) -> float`` (or ``(float, grad)`` with ``jac=True``), or a
         :class:`~amopt.FiniteSum` object, which the stochastic methods sample
-        mini-batches from.
+        mini-batches from (its methods give the gradients: ``jac`` is not used
+        and ``args`` must be empty).
     x0 : array or list/tuple of arrays
         Initial point: a NumPy, CuPy, torch or array-api-strict array (any
-        shape), a list of Python numbers, or a list/tuple of arrays (a
-        parameter list: ``fun`` and ``jac`` then take and return such lists,
-        and ``per_layer`` gives one beta per array). Computation stays on the
+        shape, 0-d included), a number or a list of numbers, or a list/tuple of
+        arrays (a parameter list: ``fun`` and ``jac`` then take and return such
+        lists, and ``per_layer`` gives one beta per array). Integer arrays are
+        promoted to the default floating dtype; complex and masked arrays are
+        rejected. ``x0`` is copied, never modified. Computation stays on the
         caller's library and device.
     args : tuple
         Extra arguments to ``fun`` and ``jac``.
@@ -57,13 +60,17 @@ def minimize(
         ``"sgd"``, ``"msgd"``, ``"am-sgd"``, and the Adam family with
         ``batch_size``.
     jac : callable, True or None
-        Gradient ``jac(x, *args)``; ``True`` if ``fun`` returns ``(f, g)``;
-        ``None``: forward finite differences (NumPy only, with a warning).
+        Gradient ``jac(x, *args)``, an array of the shape and array type of
+        ``x`` (a real dtype other than that of ``x`` is converted to it);
+        ``True`` if ``fun`` returns ``(f, g)``; ``None``: forward finite
+        differences with the step ``sqrt(eps) * max(1, |x|)`` of the dtype of
+        ``x`` (NumPy only, with a warning).
     callback : callable, optional
         ``callback(intermediate_result)`` after each step, where the
         :class:`~scipy.optimize.OptimizeResult` has ``x``, ``fun``, ``nit``,
         ``jac`` (full batch) and ``beta`` (AM methods); the legacy
-        ``callback(xk)`` works too. Raising ``StopIteration`` stops the run
+        ``callback(xk)`` works too. ``x`` and ``jac`` are copies: changing
+        them does not change the run. Raising ``StopIteration`` stops the run
         (status 99).
     tol : float, optional
         Shortcut for ``options["gtol"]``.
@@ -73,17 +80,22 @@ def minimize(
         ``weight_decay``, ``weight_decay_mode``, ``numerator``, ``variant``,
         ``beta_min``, ``theta``, ``beta_high``, ``beta_low``, ``per_layer``,
         ``maxiter``, ``gtol``, ``batch_size``, ``seed``, ``replace``). Unknown
-        options raise an ``OptimizeWarning``.
+        options, and ``seed``/``replace`` when nothing is sampled, give an
+        ``OptimizeWarning``. With coupled ``weight_decay`` :math:`\mu` (every
+        method but ``"adamw"`` and ``"am-adamw"``) the method minimises
+        :math:`f + \frac{\mu}{2}\|x\|^2`: ``gtol`` tests its gradient
+        :math:`g + \mu x`, while ``res.fun`` and ``res.jac`` stay the values
+        of ``fun`` and ``jac`` (see each method's options).
 
     Returns
     -------
     res : scipy.optimize.OptimizeResult
-        ``x`` (the caller's array type and device), ``fun``, ``jac``, ``nit``,
-        ``nfev``, ``njev``, ``status``, ``success``, ``message``, and for AM
-        methods ``betas``: the :math:`\beta_t` of every step as a NumPy array
-        (shape ``(nit,)``, or ``(nit, len(x0))`` with ``per_layer``). A run that
-        meets a NaN or infinity stops with status 2 and returns the last finite
-        iterate.
+        ``x`` (the caller's array type, device and shape), ``fun``, ``jac``,
+        ``nit``, ``nfev``, ``njev``, ``status``, ``success``, ``message``, and
+        for AM methods ``betas``: the :math:`\beta_t` of every step as a NumPy
+        array (shape ``(nit,)``, or ``(nit, len(x0))`` with ``per_layer``). A run
+        that meets a NaN or infinity stops with status 2 and returns the last
+        finite iterate (``x0`` itself, unchanged, when it holds one).
 
     Examples
     --------
@@ -96,6 +108,10 @@ def minimize(
     (True, True)
     """
     meth = _method(method)
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(
+            f"options must be a dict of method options or None; got {type(options).__name__}"
+        )
     options = dict(options or {})
     if tol is not None:
         options.setdefault("gtol", tol)

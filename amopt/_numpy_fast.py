@@ -41,7 +41,9 @@ from amopt import _rule
 
 __all__ = ["BLOCK", "eligible", "am_momentum_step_numpy"]
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+# float64 only: float32 scopes accumulate their sums in float64 (amopt._reduce.acc_dtype),
+# which the array-API path does with its own casts
+_FLOATS = (np.dtype(np.float64),)
 #: arrays larger than this are processed in blocks of this many elements
 BLOCK = 32768
 

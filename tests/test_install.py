@@ -39,7 +39,7 @@ def installed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(
         ROOT / "amopt", src / "amopt", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -76,6 +76,17 @@ def test_wheel_carries_the_bundled_data(installed):
 
 
 @pytest.mark.slow
+def test_wheel_carries_the_fused_kernels_built_at_install_time(installed):
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    assert {f"amopt/torch/csrc/{f}" for f in ("am_fused.c", "am_fused_kernels.h")} <= names
+    if not any(n.startswith("amopt/torch/_am_fused") for n in names):
+        pytest.skip("no C compiler: the kernels are left to the first use")
+    code = "from amopt.torch._fused import fused_status as s; print(s()['origin'])"
+    out = _run([installed["python"], "-c", code], installed["work"], installed["env"])
+    assert out.stdout.strip() == "installed"
+
+
+@pytest.mark.slow
 def test_installed_demo_matches_the_sources(installed, capsys):
     py, work, env = installed["python"], installed["work"], installed["env"]
     where = _run([py, "-c", "import amopt; print(amopt.__file__)"], work, env).stdout.strip()
@@ -94,10 +105,12 @@ def test_installed_demo_matches_the_sources(installed, capsys):
 @pytest.mark.slow
 def test_installed_bench_quick(installed):
     py, work, env = installed["python"], installed["work"], installed["env"]
-    out = _run([py, "-m", "amopt.bench", "--quick", "--repeat", "3"], work, env).stdout
+    selected = ["core-numpy", "minimize-a9a", "amsgd", "adamw-default"]
+    cmd = [py, "-m", "amopt.bench", "--quick", "--repeat", "3", "--rows", *selected]
+    out = _run(cmd, work, env).stdout
     assert f"Machine: amopt: {amopt.__version__}; " in out and "QUICK sizes" in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "metric" not in line]
-    assert len(rows) == 7
+    assert len(rows) == len(selected)
     core = next(r for r in rows if "NumPy core" in r)
     assert float(core.split("|")[4].split()[0]) > 0  # the measured ratio
     a9a = Path(env["AMOPT_DATA_DIR"]) / "libsvm" / "a9a"

@@ -11,6 +11,7 @@ from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_forea
 
 from amopt import _rule
 from amopt._config import AMConfig, check_betas, check_choice, check_interval
+from amopt.torch import _distributed
 from amopt.torch._common import (
     AMOptimizerBase,
     accumulation_dtype,
@@ -26,7 +27,7 @@ from amopt.torch._common import (
     rule_by_rows,
     total,
 )
-from amopt.torch._fused import fused_am_adamw, unscale_grads, warn_fallback
+from amopt.torch._fused import fallback_grads, fused_am_adamw, warn_fallback
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
@@ -46,6 +47,7 @@ _DEFAULTS: dict[str, Any] = {
     "maximize": False,
     "foreach": None,
     "fused": None,
+    "process_group": None,
 }
 
 
@@ -134,6 +136,12 @@ class AMAdamW(AMOptimizerBase):
         implementation up to float rounding (blocked reductions, see
         ``amopt/torch/csrc/am_fused.c``).
         ``None`` means ``False``. Cannot be combined with ``foreach=True``.
+    process_group : ProcessGroup, optional
+        The ranks that together hold the parameters of a ``per_layer=False`` group
+        of plain tensors, each rank a partition (found automatically inside
+        ``torch.distributed.optim.ZeroRedundancyOptimizer``). Not needed for
+        replicas (DDP) nor for DTensors (FSDP2, tensor parallel), whose device mesh
+        says which ranks hold their pieces; see ``amopt.torch._distributed``.
 
     Notes
     -----
@@ -197,6 +205,7 @@ class AMAdamW(AMOptimizerBase):
         maximize: bool = False,
         foreach: bool | None = None,
         fused: bool | None = None,
+        process_group: Any = None,
     ) -> None:
         defaults: dict[str, Any] = {
             "lr": lr,
@@ -214,9 +223,11 @@ class AMAdamW(AMOptimizerBase):
             "maximize": maximize,
             "foreach": foreach,
             "fused": fused,
+            "process_group": process_group,
         }
         _validate(defaults, self._weight_decay_modes)
         super().__init__(params, defaults)
+        _distributed.attach(self)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group; its hyper-parameters are validated like the constructor's."""
@@ -308,6 +319,7 @@ class AMAdamW(AMOptimizerBase):
             beta1_prods: list[Tensor] = []
             self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
             if not params:
+                _distributed.join_empty(self, group)
                 continue
             beta1, beta2 = group["betas"]
             check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)  # schedulers write it
@@ -334,6 +346,7 @@ class AMAdamW(AMOptimizerBase):
                 beta_high=group["beta_high"],
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
+                process_group=_distributed.scope_group(self, group, grads),
             )
             for p, beta, prod in zip(params, betas, new_prods, strict=True):
                 state = self.state[p]
@@ -365,7 +378,7 @@ class AMAdam(AMAdamW):
     ----------
     params, lr, betas, eps, lam, per_layer
         As in :class:`AMAdamW`.
-    variant, beta_min, theta, beta_high, beta_low, maximize, foreach, fused
+    variant, beta_min, theta, beta_high, beta_low, maximize, foreach, fused, process_group
         As in :class:`AMAdamW`.
     weight_decay : float, default 0
         L2 penalty coefficient :math:`\mu \ge 0` added to the gradient.
@@ -403,6 +416,7 @@ class AMAdam(AMAdamW):
         maximize: bool = False,
         foreach: bool | None = None,
         fused: bool | None = None,
+        process_group: Any = None,
     ) -> None:
         super().__init__(
             params,
@@ -421,6 +435,7 @@ class AMAdam(AMAdamW):
             maximize=maximize,
             foreach=foreach,
             fused=fused,
+            process_group=process_group,
         )
 
 
@@ -451,6 +466,7 @@ def am_adamw(
     beta_high: float = 0.9,
     beta_low: float = 0.1,
     maximize: bool = False,
+    process_group: Any = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     r"""Functional AM-AdamW / AM-Adam: one step over ``params`` in place. See :class:`AMAdamW`.
 
@@ -478,6 +494,9 @@ def am_adamw(
     weight_decay_mode : {"decoupled", "proximal", "l2"}
         ``"l2"`` is AM-Adam: ``weight_decay * x`` is added to the gradient and
         the beta rule and update use no decay.
+    process_group : ProcessGroup, optional
+        With ``per_layer=False``: the ranks whose plain-tensor ``params`` together
+        form the scope. DTensors are combined over their device mesh.
 
     Returns
     -------
@@ -509,6 +528,9 @@ def am_adamw(
         beta_high=beta_high,
         beta_low=beta_low,
     )
+    params, grads, exp_avgs, exp_avg_sqs, sync = _distributed.localize(
+        params, grads, exp_avgs, exp_avg_sqs, per_layer=per_layer, process_group=process_group
+    )
     if fused:
         func = _fused_am_adamw
     else:
@@ -531,6 +553,7 @@ def am_adamw(
         weight_decay_mode=weight_decay_mode,
         maximize=maximize,
         config=config,
+        sync=sync,
     )
 
 
@@ -550,7 +573,8 @@ def _fused_am_adamw(
 
     ``None`` when ``found_inf`` skipped the step (nothing was modified).
     """
-    out = fused_am_adamw(
+    kernel_hyper = {k: v for k, v in hyper.items() if k != "sync"}
+    out = _distributed.fused_reason(hyper.get("sync")) or fused_am_adamw(
         params,
         grads,
         exp_avgs,
@@ -559,11 +583,13 @@ def _fused_am_adamw(
         beta1_prods,
         grad_scale=grad_scale,
         found_inf=found_inf,
-        **hyper,
+        **kernel_hyper,
     )
     if isinstance(out, str):
         warn_fallback(out)
-        grads = unscale_grads(grads, grad_scale)
+        grads = fallback_grads(grads, grad_scale, found_inf)
+        if grads is None:  # found_inf: the step is skipped
+            return None
         return _multi_tensor_am_adamw(
             params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper
         )
@@ -585,6 +611,7 @@ def _single_tensor_am_adamw(
     weight_decay_mode: str,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     n = len(params)
     if n == 0:
@@ -638,6 +665,8 @@ def _single_tensor_am_adamw(
         rows.append(torch.stack([total(nums), total(dens), total(refs)]))
         prods.append(prod)
 
+    rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
+
     # rule (step 5) and the products (step 8)
     beta = rule_by_rows(_rule.adam_beta, rows, config, lr=lr, weight_decay=wd)
     new_prod = [prod * b for prod, b in zip(prods, beta, strict=True)]
@@ -680,6 +709,7 @@ def _multi_tensor_am_adamw(
     weight_decay_mode: str,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     n = len(params)
     if n == 0:
@@ -789,8 +819,15 @@ def _multi_tensor_am_adamw(
     new_prods: list[Tensor] = [params[0]] * n
     coefs: list[Tensor | list[Tensor]] = []
     if per_layer:
-        for _, dev_grads, _, _, indices, prods, nums, dens, refs in buckets:
-            sums = torch.stack([torch.stack(nums), torch.stack(dens), torch.stack(refs)], -1)
+        bucket_sums = [torch.stack([torch.stack(b[c]) for c in (6, 7, 8)], -1) for b in buckets]
+    else:
+        bucket_sums = [torch.stack([total([t for b in buckets for t in b[c]]) for c in (6, 7, 8)])]
+    # sharded scopes: add the sums of all ranks
+    bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[4] for b in buckets])
+    if per_layer:
+        for (_, dev_grads, _, _, indices, prods, *_), sums in zip(
+            buckets, bucket_sums, strict=True
+        ):
             beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
             prod = prods * beta
             for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
@@ -798,8 +835,7 @@ def _multi_tensor_am_adamw(
                 new_prods[k] = pr
             coefs.append(list(beta.to(dev_grads[0].dtype).unbind()))
     else:
-        sums = torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 7, 8)])
-        beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
+        beta = _rule.adam_beta(torch, bucket_sums[0], config, lr=lr, weight_decay=wd)
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
         coefs = [

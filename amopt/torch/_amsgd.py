@@ -11,6 +11,7 @@ from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_forea
 
 from amopt import _rule
 from amopt._config import AMConfig, check_interval
+from amopt.torch import _distributed
 from amopt.torch._common import (
     AMOptimizerBase,
     accumulation_dtype,
@@ -24,7 +25,7 @@ from amopt.torch._common import (
     rule_by_rows,
     total,
 )
-from amopt.torch._fused import fused_amsgd, unscale_grads, warn_fallback
+from amopt.torch._fused import fallback_grads, fused_amsgd, warn_fallback
 
 __all__ = ["AMSGD", "amsgd"]
 
@@ -41,6 +42,7 @@ _DEFAULTS: dict[str, Any] = {
     "maximize": False,
     "foreach": None,
     "fused": None,
+    "process_group": None,
 }
 
 
@@ -124,6 +126,12 @@ class AMSGD(AMOptimizerBase):
         implementation up to float rounding (blocked reductions, see
         ``amopt/torch/csrc/am_fused.c``).
         ``None`` means ``False``. Cannot be combined with ``foreach=True``.
+    process_group : ProcessGroup, optional
+        The ranks that together hold the parameters of a ``per_layer=False`` group
+        of plain tensors, each rank a partition (found automatically inside
+        ``torch.distributed.optim.ZeroRedundancyOptimizer``). Not needed for
+        replicas (DDP) nor for DTensors (FSDP2, tensor parallel), whose device mesh
+        says which ranks hold their pieces; see ``amopt.torch._distributed``.
 
     Notes
     -----
@@ -188,6 +196,7 @@ class AMSGD(AMOptimizerBase):
         maximize: bool = False,
         foreach: bool | None = None,
         fused: bool | None = None,
+        process_group: Any = None,
     ) -> None:
         defaults: dict[str, Any] = {
             "lr": lr,
@@ -204,9 +213,11 @@ class AMSGD(AMOptimizerBase):
             "maximize": maximize,
             "foreach": foreach,
             "fused": fused,
+            "process_group": process_group,
         }
         _validate(defaults)
         super().__init__(params, defaults)
+        _distributed.attach(self)
 
     # ------------------------------------------------------------------ groups, state
 
@@ -308,6 +319,7 @@ class AMSGD(AMOptimizerBase):
             state_steps: list[Tensor] = []
             self._init_group(group, params, grads, momentum_buffer_list, state_steps)
             if not params:
+                _distributed.join_empty(self, group)
                 continue
 
             betas = amsgd(
@@ -328,6 +340,7 @@ class AMSGD(AMOptimizerBase):
                 beta_high=group["beta_high"],
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
+                process_group=_distributed.scope_group(self, group, grads),
             )
 
             for p, buf, beta in zip(params, momentum_buffer_list, betas, strict=True):
@@ -361,6 +374,7 @@ def amsgd(
     beta_high: float = 0.9,
     beta_low: float = 0.1,
     maximize: bool = False,
+    process_group: Any = None,
 ) -> list[Tensor]:
     r"""Functional AMSGD: one step over ``params`` in place. See :class:`AMSGD`.
 
@@ -384,6 +398,9 @@ def amsgd(
         As in :class:`AMSGD`.
     variant, beta_min, theta, beta_high, beta_low, maximize
         As in :class:`AMSGD`.
+    process_group : ProcessGroup, optional
+        With ``per_layer=False``: the ranks whose plain-tensor ``params`` together
+        form the scope. DTensors are combined over their device mesh.
 
     Returns
     -------
@@ -416,6 +433,10 @@ def amsgd(
         beta_high=beta_high,
         beta_low=beta_low,
     )
+    caller_buffers, caller_params = momentum_buffer_list, params
+    params, grads, momentum_buffer_list, sync = _distributed.localize(
+        params, grads, momentum_buffer_list, per_layer=per_layer, process_group=process_group
+    )
     if fused:
         func = _fused_amsgd
     else:
@@ -424,7 +445,7 @@ def amsgd(
                 params, differentiable=False, use_fused=False
             )
         func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
-    return func(
+    betas = func(
         params,
         grads,
         momentum_buffer_list,
@@ -433,7 +454,10 @@ def amsgd(
         weight_decay=weight_decay,
         maximize=maximize,
         config=config,
+        sync=sync,
     )
+    _distributed.store_new_states(caller_buffers, momentum_buffer_list, caller_params)
+    return betas
 
 
 def _fused_amsgd(
@@ -450,18 +474,21 @@ def _fused_amsgd(
 
     ``None`` when ``found_inf`` skipped the step (nothing was modified).
     """
-    out = fused_amsgd(
+    kernel_hyper = {k: v for k, v in hyper.items() if k != "sync"}
+    out = _distributed.fused_reason(hyper.get("sync")) or fused_amsgd(
         params,
         grads,
         momentum_buffer_list,
         state_steps,
         grad_scale=grad_scale,
         found_inf=found_inf,
-        **hyper,
+        **kernel_hyper,
     )
     if isinstance(out, str):
         warn_fallback(out)
-        grads = unscale_grads(grads, grad_scale)
+        grads = fallback_grads(grads, grad_scale, found_inf)
+        if grads is None:  # found_inf: the step is skipped
+            return None
         return _multi_tensor_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
     return out
 
@@ -476,6 +503,7 @@ def _single_tensor_amsgd(
     weight_decay: float,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> list[Tensor]:
     n = len(params)
     if n == 0:
@@ -511,6 +539,8 @@ def _single_tensor_amsgd(
             vv_parts.append(dot(d, d, acc))
         rows.append(torch.stack([total(vv_parts), total(gg_parts), total(dd_parts)]))
 
+    rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
+
     # rule
     beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config)
 
@@ -536,6 +566,7 @@ def _multi_tensor_amsgd(
     weight_decay: float,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> list[Tensor]:
     n = len(params)
     if n == 0:
@@ -580,15 +611,24 @@ def _multi_tensor_amsgd(
     betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
     coefs: list[Tensor | list[Tensor]] = []
     if per_layer:
-        for _, dev_grads, _, indices, gg, dd, vv in buckets:
-            sums = torch.stack([torch.stack(vv), torch.stack(gg), torch.stack(dd)], dim=-1)
+        bucket_sums = [
+            torch.stack([torch.stack(b[6]), torch.stack(b[4]), torch.stack(b[5])], -1)
+            for b in buckets
+        ]
+    else:
+        bucket_sums = [
+            torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 4, 5)])
+        ]
+    # sharded scopes: add the sums of all ranks
+    bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[3] for b in buckets])
+    if per_layer:
+        for (_, dev_grads, _, indices, *_), sums in zip(buckets, bucket_sums, strict=True):
             beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
                 betas[k] = b
             coefs.append(list(gamma.to(dev_grads[0].dtype).unbind()))
     else:
-        sums = torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 4, 5)])
-        beta, gamma = _rule.momentum_beta(torch, sums, config)
+        beta, gamma = _rule.momentum_beta(torch, bucket_sums[0], config)
         betas = [beta] * n
         coefs = [
             gamma.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True)

@@ -75,6 +75,7 @@ from amopt.torch._common import as_real
 __all__ = [
     "FusedFallbackWarning",
     "UnsafeKernelPath",
+    "fallback_grads",
     "fused_am_adamw",
     "fused_amsgd",
     "fused_status",
@@ -82,7 +83,6 @@ __all__ = [
     "library",
     "private_directory",
     "source_hash",
-    "unscale_grads",
     "warn_fallback",
 ]
 
@@ -638,8 +638,16 @@ def _skip(found_inf: Tensor | None) -> bool:
     return found_inf is not None and float(found_inf) != 0.0
 
 
-def unscale_grads(grads: list[Tensor], grad_scale: Tensor | None) -> list[Tensor]:
-    """``grads / grad_scale`` (new tensors) for the foreach fallback; ``grads`` if no scale."""
+def fallback_grads(
+    grads: list[Tensor], grad_scale: Tensor | None, found_inf: Tensor | None
+) -> list[Tensor] | None:
+    """The gradients the foreach fallback steps on: ``grads / grad_scale`` (new tensors).
+
+    ``None`` when ``found_inf`` is set (the step is skipped); ``grads`` themselves when
+    there is no scale.
+    """
+    if _skip(found_inf):
+        return None
     if grad_scale is None:
         return grads
     return [g / grad_scale.to(g.device) for g in grads]
