@@ -617,3 +617,42 @@ def test_an_unsafe_or_stale_installed_library_is_not_used(tmp_path, monkeypatch)
     os.chmod(tmp_path, 0o777)
     with pytest.raises(_fused.UnsafeKernelPath, match="package directory"):
         _fused._open_installed(stale)
+
+
+class _DoubleSums:
+    """A stand-in for ``amopt.torch._distributed.ScopeSync``: as if two ranks held
+    identical halves of every scope (their sums add up to twice the local ones)."""
+
+    needs_collective = True
+
+    def __init__(self):
+        self.calls = []
+
+    def combine(self, sums, index):
+        self.calls.append(([tuple(s.shape) for s in sums], index))
+        return [2 * s for s in sums]
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_sums_of_sharded_scopes_are_combined_between_reduce_and_rule(monkeypatch, per_layer):
+    """With a sync plan: one combine for the step, and the rule sees the combined sums."""
+    monkeypatch.setenv("AMOPT_FUSED_CHUNK_BYTES", "1")  # would be one chunk per tensor
+    sizes = [40, 9, 300]
+    seen = []
+    rule = _rule.adam_beta
+
+    def spy(xp, sums, cfg, **kw):
+        seen.append(sums.clone())
+        return rule(xp, sums, cfg, **kw)
+
+    monkeypatch.setattr(_rule, "adam_beta", spy)
+    cfg = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=per_layer)
+    plain, synced = _adam_group(sizes), _adam_group(sizes)
+    sync = _DoubleSums()
+    grads = _grads_at(sizes)(0)
+    _fused.fused_am_adamw(*plain[:1], grads, *plain[2:], **ADAM_HYPER, config=cfg)
+    _fused.fused_am_adamw(*synced[:1], grads, *synced[2:], **ADAM_HYPER, config=cfg, sync=sync)
+    local, combined = torch.cat([s.reshape(-1, 3) for s in seen[:-1]]), seen[-1].reshape(-1, 3)
+    torch.testing.assert_close(combined, 2 * local, rtol=0, atol=0)
+    rows = (3, 3) if per_layer else (3,)
+    assert sync.calls == [([rows], [[0, 1, 2]] if per_layer else None)]

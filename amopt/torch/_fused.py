@@ -689,11 +689,31 @@ class _Arrays:
         return [b + 8 * k for b in self.base]
 
 
-def _scopes(numels: Sequence[int], per_layer: bool, bytes_per_element: int) -> list:
-    """``(a, b)`` tensor ranges, each run as reduce, rule, apply (one range if global)."""
-    if not per_layer:
+def _scopes(numels: Sequence[int], per_layer: bool, bytes_per_element: int, sync: Any) -> list:
+    """``(a, b)`` tensor ranges, each run as reduce, rule, apply.
+
+    One range for a global scope, and when the sums are added across ranks (one
+    collective per step, for all scopes); per-layer chunks that fit the cache otherwise.
+    """
+    if not per_layer or _collective(sync):
         return [(0, len(numels))]
     return _chunks([bytes_per_element * k for k in numels], _chunk_bytes())
+
+
+def _collective(sync: Any) -> bool:
+    return sync is not None and bool(sync.needs_collective)
+
+
+def _rows(sums: Tensor, a: int, b: int, dtype: torch.dtype, per_layer: bool, sync: Any) -> Tensor:
+    """The rule's input: the sums of tensors ``a..b-1`` (per layer) or of all, in ``dtype``.
+
+    With a ``sync`` plan (``amopt.torch._distributed``) the sums of sharded scopes are
+    added across ranks here, at the seam between reduce and rule.
+    """
+    rows = sums[a:b].to(dtype) if per_layer else sums.sum(0).to(dtype)
+    if _collective(sync):
+        rows = sync.combine([rows], [list(range(a, b))] if per_layer else None)[0]
+    return rows
 
 
 # --------------------------------------------------------------------------- AMSGD
@@ -711,6 +731,7 @@ def fused_amsgd(
     config: AMConfig,
     grad_scale: Tensor | None = None,
     found_inf: Tensor | None = None,
+    sync: Any = None,
 ) -> list[Tensor] | str | None:
     """One AMSGD step with the fused kernels (in place), as ``_single_tensor_amsgd``.
 
@@ -728,6 +749,10 @@ def fused_amsgd(
         the kernels use ``g / grad_scale``.
     found_inf : Tensor, optional
         Nonzero: skip the step, leaving parameters and state untouched.
+    sync : ScopeSync, optional
+        The plan of :func:`amopt.torch._distributed.localize` when the tensors are
+        local pieces of sharded scopes: their sums are added across ranks (one
+        collective for the step) between the reduce and the rule.
 
     Returns
     -------
@@ -769,10 +794,10 @@ def fused_amsgd(
     first_at, sums_at, nt = ctypes.addressof(first), sums.data_ptr(), _threads()
     per_layer = config.per_layer
     parts = []
-    for a, b in _scopes(numels, per_layer, 3 * xs[0].element_size()):
+    for a, b in _scopes(numels, per_layer, 3 * xs[0].element_size(), sync):
         numel, x, g, d = arrays.at(a)
         reduce_fn(b - a, numel, x, g, d, first_at + a, hp, nt, sums_at + 24 * a)
-        rows = sums[a:b].to(dtype) if per_layer else sums.sum(0).to(dtype)
+        rows = _rows(sums, a, b, dtype, per_layer, sync)
         beta, gamma = _rule.momentum_beta(torch, rows, config)
         shape = rows.shape[:-1]
         gamma = _coef(gamma, dtype, shape)
@@ -804,6 +829,7 @@ def fused_am_adamw(
     config: AMConfig,
     grad_scale: Tensor | None = None,
     found_inf: Tensor | None = None,
+    sync: Any = None,
 ) -> tuple[list[Tensor], list[Tensor]] | str | None:
     """One AM-AdamW / AM-Adam step with the fused kernels (in place), as the reference.
 
@@ -822,6 +848,10 @@ def fused_am_adamw(
         ``g / grad_scale``.
     found_inf : Tensor, optional
         Nonzero: skip the step, leaving parameters and state untouched.
+    sync : ScopeSync, optional
+        The plan of :func:`amopt.torch._distributed.localize` when the tensors are
+        local pieces of sharded scopes: their sums are added across ranks (one
+        collective for the step) between the reduce and the rule.
 
     Returns
     -------
@@ -882,13 +912,13 @@ def fused_am_adamw(
     stride = int(per_layer)
     # every argument prepared first: between the passes only the rule runs
     plan = []
-    for a, b in _scopes(numels, per_layer, 4 * itemsize):
+    for a, b in _scopes(numels, per_layer, 4 * itemsize, sync):
         head = (b - a, *arrays.at(a), c.data_ptr() + itemsize * a * stride, stride, ib2_at + 8 * a)
-        plan.append((head, sums_at + 24 * a, sums[a:b] if per_layer else sums))
+        plan.append((head, sums_at + 24 * a, a, b))
     parts = []
-    for head, sums_a, rows in plan:
+    for head, sums_a, a, b in plan:
         reduce_fn(*head, hp, nt, sums_a)
-        rows = rows.to(dtype) if per_layer else rows.sum(0).to(dtype)
+        rows = _rows(sums, a, b, dtype, per_layer, sync)
         beta = _coef(_rule.adam_beta(torch, rows, config, lr=lr, weight_decay=wd), dtype,
                      rows.shape[:-1])  # fmt: skip
         apply_fn(*head, beta.data_ptr(), stride, hp, mode, nt)
