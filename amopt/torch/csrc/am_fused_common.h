@@ -33,7 +33,9 @@
 #define AM_INLINE static inline __attribute__((always_inline))
 /* The apply pass walks a range in chunks of AM_CHUNK elements taken from the end: the
    chunks the reduce pass read last are still in the last-level cache. Each chunk is
-   walked forwards, the direction the hardware prefetchers follow best. */
+   walked forwards, the direction the hardware prefetchers follow best. There is no
+   software prefetching: measured on AVX-512 and AVX2 code, a prefetch 1-4 KiB ahead
+   of each stream made both passes 10-30 % slower than the hardware prefetchers alone. */
 #define AM_CHUNK 262144
 #define AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)                                                  \
     for (int64_t c1 = (hi); c1 > (lo); c1 -= AM_CHUNK) {                                     \

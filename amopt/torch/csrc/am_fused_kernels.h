@@ -4,11 +4,12 @@
  *
  * Arithmetic: elementwise values are formed in the parameter dtype, as in the
  * single-tensor reference paths, with rewrites that trade divisions for
- * multiplications (v / bias2 as v * (1 / bias2); 1/p, u = 1/(1 + lam p) and
- * (beta + lam p)/(1 + lam p) from the single reciprocal w = 1 / (p (1 + lam p));
- * w (d^2 + g^2) for w d^2 + w g^2), and fused multiply-adds where the compiler finds
- * them. Each block of AM_BLOCK elements is summed in the parameter dtype and the block
- * sums are added in double precision with compensation (am_add).
+ * multiplications: p = c (eps + sqrt(v / bias2)) as sqrt(v) (c sqrt(1/bias2)) + c eps;
+ * 1/p, u = 1/(1 + lam p) and (beta + lam p)/(1 + lam p) from the single reciprocal
+ * w = 1 / (p (1 + lam p)); w (d^2 + g^2) for w d^2 + w g^2; fused multiply-adds where
+ * the compiler finds them. Each block of AM_BLOCK elements is summed in the parameter
+ * dtype (the numerator as its five weighted partial sums, combined in double) and the
+ * block sums are added in double precision with compensation (am_add).
  *
  * The gradient enters every kernel as g * gmul, gmul = (maximize ? -1 : 1) / grad_scale,
  * exact for the power-of-two scales of torch.amp.GradScaler.
