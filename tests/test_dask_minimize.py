@@ -201,7 +201,7 @@ def test_one_graph_per_step_on_a_cluster(request):
     assert counts == {3: 4, 8: 9}
 
 
-# --------------------------------------------------------------------------- the NumPy run's iterates
+# --------------------------------------------------------------------------- NumPy's iterates
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "sync", "distributed"])
@@ -297,7 +297,7 @@ def test_gtol_stops_at_the_same_step_as_numpy():
     assert float(np.max(np.abs(np.asarray(res.jac)))) <= 1e-6 < float(np.max(np.abs(c)))
 
 
-# --------------------------------------------------------------------------- non-finite values, errors
+# --------------------------------------------------------------------------- non-finite, errors
 
 
 def _diverging():
@@ -344,7 +344,9 @@ def test_objective_is_never_evaluated_at_a_nonfinite_iterate():
 
 
 def test_a_nonscalar_objective_is_rejected_with_its_shape():
-    with pytest.raises(ValueError, match=r"fun must return a scalar; got an array of shape \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"fun must return a scalar; got an array of shape \(3,\)"
+    ):
         amopt.minimize(lambda x: x * x, da.ones(3, chunks=3), jac=lambda x: 2 * x)
 
 
@@ -355,7 +357,8 @@ def test_amopt_imports_and_runs_without_dask():
         "import numpy as np, amopt, amopt.problems\n"
         "res = amopt.minimize(lambda x: float(x @ x), np.ones(3), jac=lambda x: 2 * x,\n"
         "                     options={'lr': 0.25})\n"
-        "assert res.success and 'dask' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
+        "loaded = {m.split('.')[0] for m, mod in sys.modules.items() if mod is not None}\n"
+        "assert res.success and 'dask' not in loaded\n"
         "print('ok')\n"
     )
     out = subprocess.run(

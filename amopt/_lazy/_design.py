@@ -288,7 +288,9 @@ class DaskDesign:
         return self._gram_max
 
     def lstsq(self, l2: float) -> np.ndarray:
-        r"""The minimum-norm minimiser of :math:`\frac{1}{2n}\|Xx - y\|^2 + \frac{\ell_2}{2}\|x\|^2`.
+        r"""The minimum-norm minimiser of the least-squares objective with ridge ``l2``.
+
+        That is, of :math:`\frac{1}{2n}\|Xx - y\|^2 + \frac{\ell_2}{2}\|x\|^2`.
 
         Dense chunks: tall-and-skinny QR of ``[X; sqrt(n l2) I]`` (one pass),
         then the small least-squares problem :math:`R x = Q^\top y` by SVD.
