@@ -183,7 +183,9 @@ def _fetch(collections: tuple) -> list[float]:
     raw = []
     for c in collections:
         key = next(iter(flatten(c.__dask_keys__())))
-        raw.append(c.__dask_graph__()[key])
+        value = c.__dask_graph__()[key]
+        # a graph may hold the value wrapped in a data node
+        raw.append(value.value if type(value).__name__ == "DataNode" else value)
     futures = [v for v in raw if _is_future(v)]
     if futures:
         gathered = iter(futures[0].client.gather(futures))
