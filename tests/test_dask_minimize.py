@@ -225,7 +225,9 @@ def test_iterates_equal_the_numpy_run(kind, scheduler, request):
         ("gd", {}),
         ("mgd", {"beta": 0.8}),
         ("am-mgd", {"lam": 0.1, "numerator": "linear", "variant": "clip"}),
-        ("adam", {"lr": 0.05}),
+        ("am-mgd", {"weight_decay": 0.05}),
+        ("adam", {"lr": 0.05, "weight_decay": 0.01}),
+        ("am-adam", {"lr": 0.05, "weight_decay": 0.01, "numerator": "exact"}),
         ("am-adamw", {"lr": 0.05, "weight_decay": 0.01, "numerator": "exact"}),
     ],
 )
@@ -252,10 +254,12 @@ def test_every_full_batch_method_on_a_parameter_list(method, options):
     fun, jac = make(X, y)
     ref, ref_iterates = _run(fun, [np.zeros(3), np.zeros((5, 1))], method, opts, jac=jac)
     fun, jac = make(Xd, yd)
-    with dask.config.set(scheduler="threads"):
+    with dask.config.set(scheduler="threads"), record() as t:
         res, iterates = _run(fun, [da.zeros(3), da.zeros((5, 1))], method, opts, jac=jac)
     assert isinstance(res.x_lazy, list) and all(isinstance(a, da.Array) for a in res.x_lazy)
     _assert_same_run(res, iterates, ref, ref_iterates)
+    # weight decay and the other per-step reads of the loop add no submission
+    assert t[0].submissions == res.nit + 1
     if method.startswith("am-"):
         assert res.betas.shape == (15, 2)
 
@@ -264,6 +268,11 @@ def test_every_full_batch_method_on_a_parameter_list(method, options):
     ("method", "options", "scheduler"),
     [
         ("am-sgd", {"batch_size": 16, "seed": 3}, "threads"),
+        (
+            "am-sgd",
+            {"batch_size": 16, "seed": 4, "weight_decay": 0.1, "numerator": "exact"},
+            "sync",
+        ),
         ("am-sgd", {"batch_size": 16, "seed": 3, "replace": True}, "distributed"),
         ("adam", {"lr": 0.05, "batch_size": 10, "seed": 1}, "sync"),
     ],

@@ -220,20 +220,30 @@ def test_minimize_on_sparse_chunks_follows_the_in_memory_run(name):
 # --------------------------------------------------------------------------- errors
 
 
-def test_nonfinite_data_is_rejected():
+def test_nonfinite_and_all_zero_data_are_rejected_as_in_memory():
+    # the same messages as the in-memory problems: the first bad entry, the count
     X, y, _, _ = _dense()
     bad = X.copy()
     bad[200, 3] = np.nan
-    with pytest.raises(ValueError, match="X contains NaN or infinite values"):
-        LeastSquares(_chunked(bad), y)
+    bad[250, 1] = -np.inf
     S = _sparse()
-    S.data[5] = np.inf
-    with pytest.raises(ValueError, match="X contains NaN or infinite values"):
-        LogisticRegression(_chunked(S), (y > 0).astype(int))
+    S.data[[5, 9]] = np.inf
     bad_y = y.copy()
-    bad_y[3] = np.inf
-    with pytest.raises(ValueError, match="y contains NaN or infinite values"):
-        LeastSquares(_chunked(X), _chunked(bad_y))
+    bad_y[[80, 3]] = np.inf
+    binary = (y > 0).astype(int)
+    cases = [
+        (lambda X, y: LeastSquares(X, y), bad, y, r"X\[200, 3\] = nan \(2 non-finite in all\)"),
+        (lambda X, y: LogisticRegression(X, y), S, binary, r"X\[\d+, \d+\] = inf \(2 non"),
+        (lambda X, y: LeastSquares(X, y), X, bad_y, r"y\[3\] = inf \(2 non-finite in all\)"),
+        (lambda X, y: LeastSquares(X, y), np.zeros((N, D)), y, "all-zero X of shape"),
+    ]
+    for make, data, targets, message in cases:
+        with pytest.raises(ValueError) as in_memory:
+            make(data, targets)
+        lazy_targets = _chunked(targets) if targets.dtype.kind == "f" else targets
+        with pytest.raises(ValueError, match=message) as chunked:
+            make(_chunked(data), lazy_targets)
+        assert str(chunked.value) == str(in_memory.value)
 
 
 def test_shapes_and_types_are_checked():

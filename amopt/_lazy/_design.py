@@ -37,9 +37,37 @@ GRAM_MAX_FEATURES = 2048
 # Each runs on one row chunk ``b`` (a NumPy array or a SciPy sparse matrix).
 
 
-def _finite_block(b: Any) -> np.ndarray:
-    data = b.data if sp.issparse(b) else b
-    return np.array([bool(np.all(np.isfinite(data)))])
+def _inspect_block(b: Any) -> np.ndarray:
+    """``[[non-finite count, row, column, value of the first one, any nonzero]]``."""
+    if sp.issparse(b):
+        b = sp.csr_matrix(b)
+        bad = ~np.isfinite(b.data)
+        nonzero = bool(np.any(b.data))
+    else:
+        bad = ~np.isfinite(b)
+        nonzero = bool(np.any(b))
+    count = int(np.count_nonzero(bad))
+    row = col = value = -1.0
+    if count:
+        k = int(np.argmax(bad.ravel()))
+        if sp.issparse(b):
+            row, col = int(np.searchsorted(b.indptr, k, side="right")) - 1, int(b.indices[k])
+            value = b.data[k]
+        else:
+            row, col = divmod(k, b.shape[1])
+            value = b.ravel()[k]
+    return np.array([[count, row, col, value, nonzero]], dtype=np.float64)
+
+
+def _inspect_targets_block(t: np.ndarray) -> np.ndarray:
+    """``[[non-finite count, row of the first one, its value]]``."""
+    flat = t.reshape(t.shape[0], -1)
+    bad = ~np.isfinite(flat)
+    count = int(np.count_nonzero(bad))
+    if not count:
+        return np.array([[0.0, -1.0, -1.0]])
+    i, j = divmod(int(np.argmax(bad.ravel())), flat.shape[1])
+    return np.array([[count, i, flat[i, j]]])
 
 
 def _row_sq_block(b: Any) -> np.ndarray:
@@ -156,19 +184,46 @@ class DaskDesign:
         elif targets.chunks[0] != row_chunks:
             targets = targets.rechunk({0: row_chunks})
         self.sparse = _sparse_chunks(X)
-        finite_x = X.map_blocks(_finite_block, chunks=((1,) * len(row_chunks),), drop_axis=1,
-                                dtype=bool).all()  # fmt: skip
-        finite_x, finite_t = dask.compute(finite_x, da.isfinite(targets).all())
-        if not finite_x:
-            raise ValueError("X contains NaN or infinite values")
-        if not finite_t:
-            raise ValueError("y contains NaN or infinite values")
+        self._check_values(X, targets)
         self.X = X
         self.targets = targets
         self.n, self.d = n, d
         self._cache: dict[str, tuple[Any, Any]] = {}
         self._row_sq: np.ndarray | None = None
         self._gram_max: float | None = None
+
+    @staticmethod
+    def _check_values(X: Any, targets: Any) -> None:
+        """Finite ``X`` and targets, ``X`` not all zero: one pass, errors as in memory."""
+        nb = len(X.chunks[0])
+        per_x = X.map_blocks(_inspect_block, chunks=((1,) * nb, (5,)), dtype=np.float64)
+        t = targets if targets.ndim == 1 else targets.reshape((targets.shape[0], -1))
+        per_t = t.map_blocks(_inspect_targets_block, chunks=((1,) * nb, (3,)),
+                             new_axis=1 if t.ndim == 1 else None, dtype=np.float64)  # fmt: skip
+        per_x, per_t = dask.compute(per_x, per_t)
+        starts = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]])
+        bad = np.flatnonzero(per_x[:, 0])
+        if bad.size:
+            c = bad[0]
+            count, row, col, value = per_x[c, :4]
+            raise ValueError(
+                f"X contains NaN or infinite values, but must be finite: "
+                f"X[{int(starts[c] + row)}, {int(col)}] = {float(value)!r} "
+                f"({int(per_x[:, 0].sum())} non-finite in all)"
+            )
+        if not per_x[:, 4].any():
+            raise ValueError(
+                f"X must have at least one nonzero entry, got an all-zero X of shape {X.shape} "
+                "(the objective would not depend on the data)"
+            )
+        bad = np.flatnonzero(per_t[:, 0])
+        if bad.size:
+            c = bad[0]
+            raise ValueError(
+                f"y contains NaN or infinite values, but must be finite: "
+                f"y[{int(starts[c] + per_t[c, 1])}] = {float(per_t[c, 2])!r} "
+                f"({int(per_t[:, 0].sum())} non-finite in all)"
+            )
 
     # ---- evaluation
     def arrays(self, dtype: Any) -> tuple[Any, Any]:
