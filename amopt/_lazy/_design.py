@@ -76,8 +76,13 @@ def _row_sq_block(b: Any) -> np.ndarray:
     return np.einsum("ij,ij->i", b, b)
 
 
-def _matvec_block(b: Any, w: np.ndarray) -> np.ndarray:
-    return np.asarray(b @ w)
+def _matvec_block(bs: list, ws: list) -> np.ndarray:
+    # lists of the column blocks of one row chunk and the matching pieces of w (one
+    # each here): taking them as lists spares the copy that concatenating them makes
+    out = np.asarray(bs[0] @ ws[0])
+    for b, w in zip(bs[1:], ws[1:], strict=True):
+        out = out + np.asarray(b @ w)
+    return out
 
 
 def _rmatvec_block(b: Any, r: np.ndarray) -> np.ndarray:
@@ -241,10 +246,8 @@ class DaskDesign:
         w = _one_chunk(w)
         dtype = np.result_type(X.dtype, w.dtype)
         if w.ndim == 1:
-            return da.blockwise(_matvec_block, "i", X, "ij", w, "j", dtype=dtype,
-                                concatenate=True)  # fmt: skip
-        return da.blockwise(_matvec_block, "ik", X, "ij", w, "jk", dtype=dtype,
-                            concatenate=True)  # fmt: skip
+            return da.blockwise(_matvec_block, "i", X, "ij", w, "j", dtype=dtype)
+        return da.blockwise(_matvec_block, "ik", X, "ij", w, "jk", dtype=dtype)
 
     def rmatvec(self, X: Any, r: Any, xp: Any = None, XT: Any = None) -> Any:
         """``X^T r`` for ``r`` of shape (n,) or (n, K): per-chunk products, then a tree sum."""
