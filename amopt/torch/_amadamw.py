@@ -573,8 +573,7 @@ def _fused_am_adamw(
 
     ``None`` when ``found_inf`` skipped the step (nothing was modified).
     """
-    kernel_hyper = {k: v for k, v in hyper.items() if k != "sync"}
-    out = _distributed.fused_reason(hyper.get("sync")) or fused_am_adamw(
+    out = fused_am_adamw(
         params,
         grads,
         exp_avgs,
@@ -583,7 +582,7 @@ def _fused_am_adamw(
         beta1_prods,
         grad_scale=grad_scale,
         found_inf=found_inf,
-        **kernel_hyper,
+        **hyper,
     )
     if isinstance(out, str):
         warn_fallback(out)

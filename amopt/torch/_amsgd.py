@@ -474,15 +474,14 @@ def _fused_amsgd(
 
     ``None`` when ``found_inf`` skipped the step (nothing was modified).
     """
-    kernel_hyper = {k: v for k, v in hyper.items() if k != "sync"}
-    out = _distributed.fused_reason(hyper.get("sync")) or fused_amsgd(
+    out = fused_amsgd(
         params,
         grads,
         momentum_buffer_list,
         state_steps,
         grad_scale=grad_scale,
         found_inf=found_inf,
-        **kernel_hyper,
+        **hyper,
     )
     if isinstance(out, str):
         warn_fallback(out)

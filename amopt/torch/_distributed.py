@@ -42,7 +42,6 @@ __all__ = [
     "ScopeSync",
     "attach",
     "comm_stats",
-    "fused_reason",
     "join_empty",
     "localize",
     "scope_group",
@@ -317,16 +316,6 @@ def sync_sums(
     if sync is None:
         return list(sums)
     return sync.combine(sums, index)
-
-
-def fused_reason(sync: ScopeSync | None) -> str | None:
-    """Why the fused kernels cannot run a step with this plan, or ``None`` when they can."""
-    if sync is None or not sync.needs_collective:
-        return None
-    return (
-        "the fused kernels compute beta inside the kernel and cannot add the sums of a "
-        "sharded scope across ranks"
-    )
 
 
 # --------------------------------------------------------------------------- local tensors
