@@ -2,29 +2,38 @@ r"""``AMSGD``: SGD with Adaptive Memory momentum (the paper's AM-MSGD) for ``tor
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_foreach
+from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_interval
+from amopt.torch import _fused
 from amopt.torch._common import (
     AMOptimizerBase,
+    InfSkip,
     accumulation_dtype,
+    as_float,
     as_real,
+    check_fused_device,
     check_group_flags,
     check_lr,
+    default_path,
     dot,
     foreach_sqsum,
     new_step,
     real_dtype,
     rule_by_rows,
     total,
+    triton_module,
+    unscale,
+    warn_path_fallback,
 )
-from amopt.torch._fused import fused_amsgd, warn_fallback
+from amopt.torch._fused import warn_fallback
 
 __all__ = ["AMSGD", "amsgd"]
 
@@ -52,7 +61,7 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
 
 
 def _validate(group: dict[str, Any]) -> None:
-    check_lr(group["lr"])
+    check_lr(group["lr"], foreach=group["foreach"])
     _config(group)
     check_group_flags(group, nonnegative=("weight_decay",))
 
@@ -88,8 +97,10 @@ class AMSGD(AMOptimizerBase):
     params : iterable
         Parameters or dicts defining parameter groups (any hyper-parameter
         below can be set per group).
-    lr : float
-        Learning rate :math:`\eta \ge 0`.
+    lr : float or Tensor, default 1e-3
+        Learning rate :math:`\eta \ge 0` (the default of ``torch.optim.SGD``). A
+        1-element tensor is accepted as in ``torch.optim.SGD``, except with
+        ``foreach=True`` (``ValueError``, as in ``torch.optim.Adam``).
     lam : float, default 0.1
         Proximal regularisation :math:`\lambda \ge 0`; with :math:`\lambda > 0`
         the coefficient applied to :math:`d` is at least :math:`\lambda/(1+\lambda)`.
@@ -109,21 +120,27 @@ class AMSGD(AMOptimizerBase):
     maximize : bool, default False
         Maximise the objective instead of minimising it.
     foreach : bool or None, default None
-        Use the multi-tensor (``torch._foreach_*``) implementation. ``None``
-        picks it when every parameter is on a device with foreach kernels
-        (CUDA), as ``torch.optim`` does. Both give the same iterates.
+        ``True``: the multi-tensor (``torch._foreach_*``) implementation;
+        ``False``: the single-tensor reference. Same iterates up to float rounding.
     fused : bool or None, default None
-        Fused CPU kernels: two passes over memory per step (the three inner
-        products in one pass, the update of ``d`` and ``x`` in the other) and no
-        temporary full-size buffers. They are compiled with the system C
-        compiler on first use and cached (see ``amopt.torch._fused``). Groups
-        the kernels do not handle (non-CPU tensors, dtypes other than
-        float32/float64, non-contiguous tensors), or a machine without a C
+        Fused kernels: on the CPU, C kernels making two passes over memory per
+        step (the three inner products in one pass, the update of ``d`` and
+        ``x`` in the other) and no temporary full-size buffers, compiled with the
+        system C compiler on first use and cached (see ``amopt.torch._fused``);
+        on CUDA, Triton kernels where ``amopt.torch._triton`` provides them.
+        Parameters on other devices raise ``RuntimeError`` at their first step,
+        as in ``torch.optim``. Groups the kernels do not handle (dtypes other
+        than float32/float64, non-contiguous tensors), or a machine without a C
         compiler, use the foreach implementation with a
         ``FusedFallbackWarning``. Same iterates as the single-tensor
         implementation up to float rounding (blocked reductions, see
-        ``amopt.torch._fused_src``).
-        ``None`` means ``False``. Cannot be combined with ``foreach=True``.
+        ``amopt.torch._fused_src``). Cannot be combined with ``foreach=True``.
+
+        With neither ``fused`` nor ``foreach`` given, each step runs the fastest
+        implementation for the group's device and dtype: the fused C kernels
+        for float32/float64 on the CPU, the Triton kernels on CUDA, foreach
+        otherwise; where those kernels cannot run, the foreach implementation
+        with one ``FusedFallbackWarning`` per optimizer saying why.
 
     Notes
     -----
@@ -138,7 +155,14 @@ class AMSGD(AMOptimizerBase):
 
     **No host synchronisation.** ``step()`` never reads a device value on the
     host: beta stays a device tensor and the guard, clip and variants are
-    ``torch.where`` / ``torch.clamp`` expressions.
+    ``torch.where`` / ``torch.clamp`` expressions. State tensors are updated in
+    place, so ``torch.compile`` of a function calling ``step()`` compiles once.
+
+    **Mixed precision.** ``torch.amp.GradScaler`` steps the optimizer with its
+    scale and ``found_inf`` (``_step_supports_amp_scaling``): gradients are
+    unscaled inside the step and a step with an inf or NaN gradient leaves the
+    parameters and the state as they were, decided on the device (see
+    ``amopt.torch._common.InfSkip``).
 
     **Schedulers.** Every ``torch.optim.lr_scheduler`` drives ``lr``. With
     ``cycle_momentum=True``, ``CyclicLR`` and ``OneCycleLR`` cycle the *cap*
@@ -174,7 +198,7 @@ class AMSGD(AMOptimizerBase):
     def __init__(
         self,
         params: ParamsT,
-        lr: float,
+        lr: float | Tensor = 1e-3,
         lam: float = 0.1,
         beta_max: float = 0.9,
         weight_decay: float = 0.0,
@@ -274,6 +298,8 @@ class AMSGD(AMOptimizerBase):
                 )
             state = self.state[p]
             if "step" not in state:
+                if group["fused"]:
+                    check_fused_device(p)
                 state["step"] = new_step()
             params.append(p)
             grads.append(p.grad)
@@ -299,6 +325,7 @@ class AMSGD(AMOptimizerBase):
             with torch.enable_grad():
                 loss = closure()
 
+        grad_scale, found_inf = self._amp()
         # reconcile every cap first, so that an invalid one fails before any group steps
         caps = [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
         for group, beta_max in zip(self.param_groups, caps, strict=True):
@@ -310,14 +337,17 @@ class AMSGD(AMOptimizerBase):
             if not params:
                 continue
 
+            path = self._path(group, params, grads)
             betas = amsgd(
                 params,
                 grads,
                 momentum_buffer_list,
                 state_steps,
-                foreach=group["foreach"],
-                fused=group["fused"],
-                lr=group["lr"],
+                foreach=path == "foreach",
+                fused=path in ("fused", "triton"),
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+                lr=as_float(group["lr"]),
                 lam=group["lam"],
                 beta_max=beta_max,
                 weight_decay=group["weight_decay"],
@@ -330,12 +360,9 @@ class AMSGD(AMOptimizerBase):
                 maximize=group["maximize"],
             )
 
-            for p, buf, beta in zip(params, momentum_buffer_list, betas, strict=True):
-                state = self.state[p]
-                state["momentum_buffer"] = buf
-                state["beta"] = beta
-            if not group["per_layer"]:
-                self._share_group_state(group, beta=betas[0])
+            for p, buf in zip(params, momentum_buffer_list, strict=True):
+                self.state[p]["momentum_buffer"] = buf
+            self._store_state(group, params, "beta", betas, InfSkip(found_inf, ()))
         return loss
 
 
@@ -350,7 +377,9 @@ def amsgd(
     foreach: bool | None = None,
     *,
     fused: bool | None = None,
-    lr: float,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+    lr: float | Tensor,
     lam: float = 0.1,
     beta_max: float = 0.9,
     weight_decay: float = 0.0,
@@ -376,10 +405,15 @@ def amsgd(
         replaced by a new buffer equal to the gradient (the first step).
     state_steps : list of Tensor
         0-d step counters, incremented in place.
-    foreach : bool or None
-        Multi-tensor implementation; ``None`` chooses as ``torch.optim`` does.
-    fused : bool or None
-        Fused CPU kernels (see :class:`AMSGD`); ``None`` means ``False``.
+    foreach, fused : bool or None
+        The implementation, as in :class:`AMSGD`: with both ``None``, the fastest
+        one for the tensors' device and dtype.
+    grad_scale, found_inf : Tensor, optional
+        ``torch.amp.GradScaler``'s protocol: the gradients are divided by
+        ``grad_scale``, and where the 0-d ``found_inf`` is non-zero the step leaves
+        ``params``, the buffers and the step counters as they were (decided on the
+        device); a buffer created by such a step is zero and is re-created from
+        the gradient at the next step.
     lr, lam, beta_max, weight_decay, per_layer
         As in :class:`AMSGD`.
     variant, beta_min, theta, beta_high, beta_low, maximize
@@ -403,8 +437,6 @@ def amsgd(
     >>> float(betas[0]), [round(v, 6) for v in x.tolist()]
     (0.9, [2.157273, -0.165289])
     """
-    if fused and foreach:
-        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
     config = AMConfig.cached(
         lam=lam,
         beta_max=beta_max,
@@ -416,24 +448,85 @@ def amsgd(
         beta_high=beta_high,
         beta_low=beta_low,
     )
-    if fused:
-        func = _fused_amsgd
-    else:
-        if foreach is None:
-            _, foreach = _default_to_fused_or_foreach(
-                params, differentiable=False, use_fused=False
+    path, reason = default_path(params, grads, fused=fused, foreach=foreach)
+    if reason is not None:
+        warn_path_fallback(reason, _FUNCTIONAL_WARNED)
+    hyper = {"lr": as_float(lr), "weight_decay": weight_decay, "maximize": maximize}
+    if path in ("fused", "triton"):
+        kernel = _kernel(path)
+        if _accepts_amp(kernel):
+            return _fused_amsgd(
+                params,
+                grads,
+                momentum_buffer_list,
+                state_steps,
+                kernel=kernel,
+                amp={"grad_scale": grad_scale, "found_inf": found_inf},
+                config=config,
+                **hyper,
             )
-        func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
-    return func(
+        func: Callable[..., list[Tensor]] = _fused_amsgd
+        hyper["kernel"] = kernel
+    else:
+        func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
+    return _amp_amsgd(
+        func,
         params,
         grads,
         momentum_buffer_list,
         state_steps,
-        lr=lr,
-        weight_decay=weight_decay,
-        maximize=maximize,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
         config=config,
+        **hyper,
     )
+
+
+_FUNCTIONAL_WARNED: set[str] = set()
+
+
+def _kernel(path: str) -> Callable[..., Any]:
+    """The fused AMSGD kernel of ``path``: C (CPU) or Triton (CUDA)."""
+    mod = triton_module() if path == "triton" else None
+    return getattr(mod, "fused_amsgd", None) or _fused.fused_amsgd
+
+
+def _accepts_amp(kernel: Callable[..., Any]) -> bool:
+    """Whether a fused kernel takes ``grad_scale`` and ``found_inf`` itself."""
+    try:
+        names = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return False
+    return "grad_scale" in names and "found_inf" in names
+
+
+def _amp_amsgd(
+    func: Callable[..., list[Tensor]],
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    *,
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    **hyper: Any,
+) -> list[Tensor]:
+    """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
+    grads = unscale(grads, grad_scale)
+    if found_inf is None:
+        return func(params, grads, momentum_buffer_list, state_steps, **hyper)
+    # a buffer of step 0 is the zero left by a skipped first step: start it afresh
+    # (the counters are CPU tensors, so reading them does not synchronise a device)
+    bufs = [
+        b if b is not None and bool(s) else None
+        for b, s in zip(momentum_buffer_list, state_steps, strict=True)
+    ]
+    skip = InfSkip(found_inf, [*params, *bufs])
+    betas = func(params, grads, bufs, state_steps, **hyper)
+    created = [b for b, old in zip(bufs, momentum_buffer_list, strict=True) if b is not old]
+    momentum_buffer_list[:] = bufs
+    skip.restore(state_steps, created=created)
+    return betas
 
 
 def _fused_amsgd(
@@ -441,18 +534,29 @@ def _fused_amsgd(
     grads: list[Tensor],
     momentum_buffer_list: list[Tensor | None],
     state_steps: list[Tensor],
+    *,
+    kernel: Callable[..., Any] = _fused.fused_amsgd,
+    amp: dict[str, Any] | None = None,
     **hyper: Any,
 ) -> list[Tensor]:
-    """The fused CPU kernels; the foreach path where they cannot run (with a warning)."""
+    """The fused kernels; the foreach path where they cannot run (with a warning)."""
     cfg = hyper["config"]
     legacy = {k: v for k, v in hyper.items() if k != "config"}
     legacy.update(lam=cfg.lam, beta_max=cfg.beta_max, per_layer=cfg.per_layer)
     legacy.update(variant=cfg.variant, beta_min=cfg.beta_min, theta=cfg.theta)
     legacy.update(beta_high=cfg.beta_high, beta_low=cfg.beta_low)
-    out = fused_amsgd(params, grads, momentum_buffer_list, state_steps, **legacy)
+    out = kernel(params, grads, momentum_buffer_list, state_steps, **legacy, **(amp or {}))
     if isinstance(out, str):
         warn_fallback(out)
-        return _multi_tensor_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
+        return _amp_amsgd(
+            _multi_tensor_amsgd,
+            params,
+            grads,
+            momentum_buffer_list,
+            state_steps,
+            **(amp or {"grad_scale": None, "found_inf": None}),
+            **hyper,
+        )
     return out
 
 
