@@ -314,6 +314,7 @@ class AMAdamW(AMOptimizerBase):
             exp_avg_sqs.append(state["exp_avg_sq"])
             state_steps.append(state["step"])
             beta1_prods.append(state["beta1_prod"])
+        self._init_betas(group, params)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -775,7 +776,7 @@ def _multi_tensor_am_adamw(
     lam, per_layer = config.lam, config.per_layer
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
     weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
-    scope_acc = accumulation_dtype(real_dtype(p) for p in params)
+    scope_acc = accumulation_dtype([real_dtype(p) for p in params])
     scope_prod = beta1_prods[0].to(scope_acc)
     grouped = Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, exp_avgs, exp_avg_sqs, state_steps],  # type: ignore[list-item]
@@ -893,7 +894,8 @@ def _multi_tensor_am_adamw(
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
         coefs = [
-            beta.to(device=b[3][0].device, dtype=b[3][0].dtype, non_blocking=True) for b in buckets
+            [beta.to(device=b[3][0].device, dtype=b[3][0].dtype, non_blocking=True)] * len(b[3])
+            for b in buckets
         ]
 
     # apply: steps 6 and 7, in p's dtype (float32 for half precision), stored in the param dtype

@@ -301,10 +301,20 @@ class AMSGD(AMOptimizerBase):
                 if group["fused"]:
                     check_fused_device(p)
                 state["step"] = new_step()
+            if state.get("momentum_buffer") is None:
+                # d = g on the first step, formed as the functional forms it; created here,
+                # where torch.compile runs _init_group eagerly, so that the compiled step
+                # is the same at every step
+                grad = -p.grad if group["maximize"] else p.grad
+                grad = unscale([grad], getattr(self, "grad_scale", None))[0]
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                state["momentum_buffer"] = torch.clone(grad).detach()
             params.append(p)
             grads.append(p.grad)
-            momentum_buffer_list.append(state.get("momentum_buffer"))
+            momentum_buffer_list.append(state["momentum_buffer"])
             state_steps.append(state["step"])
+        self._init_betas(group, params)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -635,7 +645,7 @@ def _multi_tensor_amsgd(
     if n == 0:
         return []
     per_layer = config.per_layer
-    scope_acc = accumulation_dtype(real_dtype(p) for p in params)
+    scope_acc = accumulation_dtype([real_dtype(p) for p in params])
     grouped = Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, momentum_buffer_list, state_steps],  # type: ignore[list-item]
         with_indices=True,

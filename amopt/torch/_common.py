@@ -163,11 +163,12 @@ def _foreach_powsum(
 ) -> list[Tensor]:
     """``[sum(|t|**order) for t in tensors]``: ``torch._foreach_powsum`` where it exists.
 
-    Older torch releases lack it; there ``_foreach_norm`` is used, raised back
-    to the power ``order`` (a relative difference of a few ulps for ``order=2``).
+    Older torch releases lack it, and ``torch.compile`` does not trace it; there
+    ``_foreach_norm`` is used, raised back to the power ``order`` (a relative
+    difference of a few ulps for ``order=2``).
     """
     powsum = getattr(torch, "_foreach_powsum", None)
-    if powsum is not None:
+    if powsum is not None and not torch.compiler.is_compiling():  # dynamo cannot trace it
         return list(powsum(tensors, order, dtype=dtype))
     norms = torch._foreach_norm(tensors, order, dtype=dtype)
     return list(norms) if order == 1 else list(torch._foreach_pow(norms, order))
@@ -487,6 +488,31 @@ class AMOptimizerBase(Optimizer):
             for g in self.param_groups
         ]
 
+    def _init_betas(self, group: dict[str, Any], params: Sequence[Tensor]) -> None:
+        """Give stepped parameters without a ``beta`` entry a 0-d zero before their step.
+
+        The step then only updates existing tensors (``_store_state``); created in
+        ``_init_group``, which ``torch.compile`` runs eagerly, it keeps the compiled
+        step the same from the first step on. A global scope's members share one.
+        """
+        missing = [p for p in params if "beta" not in self.state[p]]
+        if not missing:
+            return
+        if group["per_layer"]:
+            for p in missing:
+                dtype = accumulation_dtype([real_dtype(p)])
+                self.state[p]["beta"] = torch.zeros((), dtype=dtype, device=p.device)
+            return
+        shared = next(
+            (self.state[p]["beta"] for p in group["params"] if "beta" in self.state.get(p, {})),
+            None,
+        )
+        if shared is None:
+            dtype = accumulation_dtype([real_dtype(p) for p in params])
+            shared = torch.zeros((), dtype=dtype, device=params[0].device)
+        for p in missing:
+            self.state[p]["beta"] = shared
+
     def _store_state(
         self,
         group: dict[str, Any],
@@ -509,7 +535,11 @@ class AMOptimizerBase(Optimizer):
                 _store(state, key, skip.blend(state.get(key), value) if skip else value)
             return
         members = [self.state[p] for p in group["params"] if self.state.get(p)]
-        existing = {id(t): t for s in members if _same_kind(t := s.get(key), values[0])}
+        existing: dict[int, Tensor] = {}
+        for state in members:
+            old = state.get(key)
+            if _same_kind(old, values[0]):
+                existing[id(old)] = old
         shared = next(iter(existing.values()), None)
         value = skip.blend(shared, values[0]) if skip else values[0]
         for t in existing.values():
