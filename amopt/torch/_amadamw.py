@@ -31,6 +31,7 @@ from amopt.torch._common import (
     new_step,
     real_dtype,
     rule_by_rows,
+    rule_config,
     store_betas,
     total,
     triton_module,
@@ -538,7 +539,7 @@ def am_adamw(
     (0.9, 0.9)
     """
     check_choice("weight_decay_mode", weight_decay_mode, WEIGHT_DECAY_MODES)
-    config = AMConfig.cached(
+    config = rule_config(
         lam=lam,
         beta_max=as_float(beta1),
         numerator="linear",

@@ -28,6 +28,7 @@ from amopt.torch._common import (
     new_step,
     real_dtype,
     rule_by_rows,
+    rule_config,
     total,
     triton_module,
     unscale,
@@ -301,7 +302,11 @@ class AMSGD(AMOptimizerBase):
                 if group["fused"]:
                     check_fused_device(p)
                 state["step"] = new_step()
-            if state.get("momentum_buffer") is None:
+            fresh = state.get("momentum_buffer") is None
+            if not fresh and getattr(self, "found_inf", None) is not None:
+                # a first step skipped for an inf gradient left a zero buffer and step 0
+                fresh = not bool(state["step"])  # a CPU counter: no device sync
+            if fresh:
                 # d = g on the first step, formed as the functional forms it; created here,
                 # where torch.compile runs _init_group eagerly, so that the compiled step
                 # is the same at every step
@@ -422,8 +427,8 @@ def amsgd(
         ``torch.amp.GradScaler``'s protocol: the gradients are divided by
         ``grad_scale``, and where the 0-d ``found_inf`` is non-zero the step leaves
         ``params``, the buffers and the step counters as they were (decided on the
-        device); a buffer created by such a step is zero and is re-created from
-        the gradient at the next step.
+        device). A buffer created by such a step (from a ``None`` entry) is zero:
+        pass ``None`` for it again while its step counter is 0.
     lr, lam, beta_max, weight_decay, per_layer
         As in :class:`AMSGD`.
     variant, beta_min, theta, beta_high, beta_low, maximize
@@ -447,7 +452,7 @@ def amsgd(
     >>> float(betas[0]), [round(v, 6) for v in x.tolist()]
     (0.9, [2.157273, -0.165289])
     """
-    config = AMConfig.cached(
+    config = rule_config(
         lam=lam,
         beta_max=beta_max,
         numerator="linear",
@@ -523,18 +528,10 @@ def _amp_amsgd(
 ) -> list[Tensor]:
     """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
     grads = unscale(grads, grad_scale)
-    if found_inf is None:
-        return func(params, grads, momentum_buffer_list, state_steps, **hyper)
-    # a buffer of step 0 is the zero left by a skipped first step: start it afresh
-    # (the counters are CPU tensors, so reading them does not synchronise a device)
-    bufs = [
-        b if b is not None and bool(s) else None
-        for b, s in zip(momentum_buffer_list, state_steps, strict=True)
-    ]
-    skip = InfSkip(found_inf, [*params, *bufs])
-    betas = func(params, grads, bufs, state_steps, **hyper)
-    created = [b for b, old in zip(bufs, momentum_buffer_list, strict=True) if b is not old]
-    momentum_buffer_list[:] = bufs
+    skip = InfSkip(found_inf, [*params, *momentum_buffer_list])
+    before = list(momentum_buffer_list)
+    betas = func(params, grads, momentum_buffer_list, state_steps, **hyper)
+    created = [b for b, old in zip(momentum_buffer_list, before, strict=True) if b is not old]
     skip.restore(state_steps, created=created)
     return betas
 

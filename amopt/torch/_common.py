@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from amopt._config import check_betas, check_bool, check_nonnegative
+from amopt._config import AMConfig, check_betas, check_bool, check_nonnegative
 
 __all__: list[str] = []
 
@@ -120,6 +120,17 @@ def check_group_flags(group: dict[str, Any], nonnegative: Sequence[str] = ()) ->
             "`fused` and `foreach` cannot be `True` together; got fused=True, foreach=True "
             "(set one of them, or neither to let the optimizer choose)"
         )
+
+
+def rule_config(**kwargs: Any) -> AMConfig:
+    """The validated :class:`~amopt._config.AMConfig` of a step, built once per value.
+
+    Under ``torch.compile`` it is built directly: dynamo traces the construction (its
+    values are constants of the graph) and would warn about the cache wrapper.
+    """
+    if torch.compiler.is_compiling():
+        return AMConfig(**kwargs)
+    return AMConfig.cached(**kwargs)
 
 
 # --------------------------------------------------------------------------- dtypes, steps
