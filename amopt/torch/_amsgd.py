@@ -19,6 +19,7 @@ from amopt.torch._common import (
     accumulation_dtype,
     as_float,
     as_real,
+    cast,
     check_fused_device,
     check_group_flags,
     check_lr,
@@ -620,9 +621,14 @@ def _single_tensor_amsgd(
     for k, scope in enumerate(scopes):
         gamma_k = gamma[k]
         for i in scope:
-            d = ds[i]
-            d.mul_(gamma_k.to(device=d.device, dtype=d.dtype)).add_(gs[i])
-            xs[i].add_(d, alpha=-lr)
+            # in float32 for half precision (stored back in the param dtype)
+            op = accumulation_dtype([ds[i].dtype])
+            d, g, x = (t.to(op) for t in (ds[i], gs[i], xs[i]))
+            d.mul_(gamma_k.to(device=d.device, dtype=op)).add_(g)
+            x.add_(d, alpha=-lr)
+            for low, high in ((ds[i], d), (xs[i], x)):
+                if low is not high:
+                    low.copy_(high)
             betas[i] = beta[k]
     return betas
 
@@ -686,19 +692,28 @@ def _multi_tensor_amsgd(
             beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
                 betas[k] = b
-            coefs.append(list(gamma.to(dev_grads[0].dtype).unbind()))
+            coefs.append(list(gamma.to(accumulation_dtype([dev_grads[0].dtype])).unbind()))
     else:
         sums = torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 4, 5)])
         beta, gamma = _rule.momentum_beta(torch, sums, config)
         betas = [beta] * n
         coefs = [
-            gamma.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True)
+            gamma.to(
+                device=b[1][0].device,
+                dtype=accumulation_dtype([b[1][0].dtype]),
+                non_blocking=True,
+            )
             for b in buckets
         ]
 
-    # apply: d = g + gamma * v, x -= lr * d
-    for (dev_params, dev_grads, dev_bufs, *_), coef in zip(buckets, coefs, strict=True):
+    # apply: d = g + gamma * v, x -= lr * d, in float32 for half precision
+    for (params_low, grads_low, bufs_low, *_), coef in zip(buckets, coefs, strict=True):
+        op = accumulation_dtype([grads_low[0].dtype])
+        dev_params, dev_grads, dev_bufs = (cast(t, op) for t in (params_low, grads_low, bufs_low))
         torch._foreach_mul_(dev_bufs, coef)
         torch._foreach_add_(dev_bufs, dev_grads)
         torch._foreach_add_(dev_params, dev_bufs, alpha=-lr)
+        if dev_bufs[0] is not bufs_low[0]:
+            torch._foreach_copy_(bufs_low, dev_bufs)
+            torch._foreach_copy_(params_low, dev_params)
     return betas

@@ -490,6 +490,8 @@ class AMOptimizerBase(Optimizer):
         ``optimizer.state[p]["beta"]``: no copy, no kernel and no device
         synchronisation, so this is cheap enough to log every step (call
         ``.item()`` or ``torch.stack(...).tolist()`` when you want host values).
+        The state is updated in place at each step, so keep ``torch.stack(...)``
+        (a copy) rather than the tensors themselves to log a history.
         """
         return [
             [
