@@ -163,15 +163,27 @@ class AMConfig:
     @classmethod
     def cached(cls, **kwargs: Any) -> AMConfig:
         """The same as ``AMConfig(**kwargs)``, built (and validated) once per distinct value."""
-        return _cached(cls, tuple(sorted(kwargs.items())))
+        # the key holds the types too: 1 == True and 0.5 == Fraction(1, 2) must not share
+        # an entry (a cached True would let per_layer=1 pass validation)
+        key = tuple(sorted((k, type(v), v) for k, v in kwargs.items()))
+        try:
+            return _cached(cls, key)
+        except TypeError:  # an unhashable value: validate it without the cache
+            return cls(**kwargs)
 
     @classmethod
     def from_options(cls, options: dict[str, Any], **overrides: Any) -> AMConfig:
-        """Build from a mapping that may hold other keys (a param group, an options dict)."""
+        """Build from a mapping that may hold other keys (a param group, ``locals()``).
+
+        The fields found in ``options`` are taken, ``overrides`` replace them, and the
+        configuration is built once per distinct value (:meth:`cached`).
+        """
         names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{k: options[k] for k in names if k in options}, **overrides)
+        values = {k: options[k] for k in names if k in options}
+        values.update(overrides)
+        return cls.cached(**values)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(cls: type[AMConfig], items: tuple) -> AMConfig:
-    return cls(**dict(items))
+def _cached(cls: type[AMConfig], key: tuple) -> AMConfig:
+    return cls(**{k: v for k, _, v in key})

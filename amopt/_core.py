@@ -17,27 +17,20 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from amopt import _numpy_fast
+from amopt import _numpy_fast, _rule
 from amopt._config import AMConfig
 from amopt._reduce import (
     Array,
     acc_dtype,
     adam_sums,
     as_tuple,
+    compute_dtype,
     momentum_sums,
     restore,
     row,
     scopes,
 )
-from amopt._rule import (
-    NUMERATORS,
-    VARIANTS,
-    adam_beta,
-    adam_correction,
-    adam_weights,
-    momentum_beta,
-)
-from amopt._rule import apply_variant as _rule_variant
+from amopt._rule import NUMERATORS, VARIANTS
 from amopt.backends import array_namespace
 
 __all__ = [
@@ -64,10 +57,6 @@ __all__ = [
 
 #: Weight-decay modes of :func:`am_adam_step` (``minimize``'s ``am-adamw``).
 WEIGHT_DECAY_MODES = ("decoupled", "proximal")
-
-
-def _cfg(**kw: Any) -> AMConfig:
-    return AMConfig.cached(**kw)
 
 
 class _Bounds(NamedTuple):
@@ -148,7 +137,7 @@ def am_beta(
     cfg = _Bounds(float(lam), float(beta_max))
     exact = f_decrease is not None
     sums, _ = momentum_sums(xp, gs, ds, [tuple(range(len(gs)))], exact=exact)
-    beta, _ = momentum_beta(xp, row(sums, 0), cfg, lr=lr, f_decrease=f_decrease)
+    beta, _ = _rule.momentum_beta(xp, row(sums, 0), cfg, lr=lr, f_decrease=f_decrease)
     return beta
 
 
@@ -174,10 +163,8 @@ def apply_variant(
     >>> float(apply_variant(np.asarray(0.75), "restart"))
     0.9
     """
-    cfg = _cfg(
-        variant=variant, beta_min=beta_min, theta=theta, beta_high=beta_high, beta_low=beta_low
-    )
-    return _rule_variant(array_namespace(beta), beta, cfg)
+    cfg = AMConfig.from_options(locals())
+    return _rule.apply_variant(array_namespace(beta), beta, cfg)
 
 
 # --------------------------------------------------------------------------- GD / heavy ball
@@ -387,17 +374,7 @@ def am_momentum_step(
     (0.25, [-0.375, -0.125])
     """
     if config is None:
-        config = _cfg(
-            lam=lam,
-            beta_max=beta_max,
-            numerator=numerator,
-            per_layer=per_layer,
-            variant=variant,
-            beta_min=beta_min,
-            theta=theta,
-            beta_high=beta_high,
-            beta_low=beta_low,
-        )
+        config = AMConfig.from_options(locals())
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     f_decrease = _f_decrease(config.numerator, f, state.f_prev)
@@ -425,7 +402,7 @@ def am_momentum_step(
     new_d: list[Array] = list(ds)
     betas = []
     for k, scope in enumerate(scope_list):
-        beta, gamma = momentum_beta(xp, row(sums, k), config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(xp, row(sums, k), config, lr=lr, f_decrease=f_decrease)
         for i in scope:
             coef = _to(xp, gamma, gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
@@ -457,7 +434,7 @@ def adam_init(params: Any) -> AdamState:
 
 def _widen(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
     """``arrays`` in the accumulation dtype of each array of ``like`` (half -> float32)."""
-    return tuple(_to(xp, a, acc_dtype(xp, [b])) for a, b in zip(arrays, like, strict=True))
+    return tuple(_to(xp, a, compute_dtype(xp, b)) for a, b in zip(arrays, like, strict=True))
 
 
 def _narrow(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
@@ -598,11 +575,11 @@ def am_adam_beta(
     xp = array_namespace(*gs, *ds, *xs, *ps)
     cfg = _Bounds(float(lam), float(beta_max))
     exact = f_decrease is not None
-    weights = adam_weights(cfg, lr=lr, weight_decay=weight_decay, exact=exact)
+    weights = _rule.adam_weights(cfg, lr=lr, weight_decay=weight_decay, exact=exact)
     sums = adam_sums(
         xp, gs, ds, xs, ps, [tuple(range(len(gs)))], lam=cfg.lam, weights=weights, exact=exact
     )
-    return adam_beta(
+    return _rule.adam_beta(
         xp, row(sums, 0), cfg, lr=lr, weight_decay=weight_decay, f_decrease=f_decrease
     )
 
@@ -678,17 +655,7 @@ def am_adam_step(
     0.9
     """
     if config is None:
-        config = _cfg(
-            lam=lam,
-            beta_max=betas[0],
-            numerator=numerator,
-            per_layer=per_layer,
-            variant=variant,
-            beta_min=beta_min,
-            theta=theta,
-            beta_high=beta_high,
-            beta_low=beta_low,
-        )
+        config = AMConfig.from_options(locals(), beta_max=betas[0])
     xs0, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     xp = array_namespace(*xs0, *gs)
@@ -708,17 +675,19 @@ def am_adam_step(
     prods = []
     for scope in scope_list:
         prod = state.beta1_prod[scope[0]]
-        c = adam_correction(prod, config)
+        c = _rule.adam_correction(prod, config)
         for i in scope:
             ps[i] = _to(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
         prods.append(prod)
-    weights = adam_weights(config, lr=lr, weight_decay=wd, exact=exact)
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, exact=exact)
     sums = adam_sums(xp, gs, ds, xs, ps, scope_list, lam=lam, weights=weights, exact=exact)
     new_d, new_x = list(ds), list(xs)
     new_prods: list[Array] = list(state.beta1_prod)
     betas_out = []
     for k, scope in enumerate(scope_list):
-        beta = adam_beta(xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease)
+        beta = _rule.adam_beta(
+            xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease
+        )
         for i in scope:
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]
             b = _to(xp, beta, g.dtype)

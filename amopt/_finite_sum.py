@@ -14,9 +14,12 @@ class FiniteSum(Protocol):
     Any object with these three members can be passed as ``fun`` to
     :func:`amopt.minimize`. The stochastic methods (``"sgd"``, ``"msgd"``,
     ``"am-sgd"``, and ``"adam"``/``"adamw"``/``"am-adam"``/``"am-adamw"`` with
-    ``batch_size``) call :meth:`batch_value_and_grad` on sampled index arrays;
-    the full value and gradient are used for the final result and by the
-    deterministic methods.
+    ``batch_size``) call :meth:`batch_value_and_grad` on sampled index arrays
+    (``min(32, n_samples)`` indices per batch unless ``batch_size`` says
+    otherwise); the full value and gradient are used for the final result and
+    by the deterministic methods. The gradients come from the object: ``jac``
+    is not used (a ``jac`` other than one of the object's own methods gives an
+    ``OptimizeWarning``) and ``args`` must be empty.
 
     Attributes
     ----------
@@ -47,6 +50,10 @@ class FiniteSum(Protocol):
     ...         return 0.5 * float(np.mean(r**2)), np.array([np.mean(r)])
     >>> isinstance(Mean(), amopt.FiniteSum)
     True
+    >>> res = amopt.minimize(Mean(), np.zeros(1), method="sgd",
+    ...                      options={"lr": 0.5, "maxiter": 60, "seed": 0})
+    >>> res.x  # the minimiser, the mean of a
+    array([3.])
     """
 
     n_samples: int

@@ -37,11 +37,13 @@ from typing import Any
 import array_api_compat.numpy as xp
 import numpy as np
 
-from amopt._rule import momentum_beta
+from amopt import _rule
 
 __all__ = ["BLOCK", "eligible", "am_momentum_step_numpy"]
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+# float64 only: float32 scopes accumulate their sums in float64 (amopt._reduce.acc_dtype),
+# which the array-API path does with its own casts
+_FLOATS = (np.dtype(np.float64),)
 #: arrays larger than this are processed in blocks of this many elements
 BLOCK = 32768
 
@@ -163,7 +165,7 @@ def am_momentum_step_numpy(
         # the common case of minimize, in straight-line code
         x, g = xs[0], gs[0]
         v, sums = _sums_small(g, ds[0], exact, with_vd)
-        beta, gamma = momentum_beta(xp, sums, config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(xp, sums, config, lr=lr, f_decrease=f_decrease)
         np.multiply(v, gamma.astype(v.dtype, copy=False), out=v)
         np.add(g, v, out=v)
         step = np.multiply(v, lr)
@@ -185,7 +187,7 @@ def am_momentum_step_numpy(
                 parts = _sums_blocked(g, d, exact, with_vd)
             # the scope sums start from the first array's, as in amopt._reduce
             sums = parts if sums is None else sums + parts
-        beta, gamma = momentum_beta(xp, sums, config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(xp, sums, config, lr=lr, f_decrease=f_decrease)
         coef = gamma.astype(xs[scope[0]].dtype, copy=False)
         for i in scope:
             v = small.get(i)

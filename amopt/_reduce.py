@@ -20,6 +20,7 @@ from amopt.backends import accumulation_dtype
 __all__ = [
     "Array",
     "acc_dtype",
+    "compute_dtype",
     "adam_sums",
     "as_tuple",
     "momentum_sums",
@@ -48,10 +49,25 @@ def scopes(n: int, per_layer: bool) -> list[tuple[int, ...]]:
 
 
 def acc_dtype(xp: Any, arrays: Sequence[Array]) -> Any:
-    """Accumulation dtype of a scope: float64 if any array is float64, else float32."""
+    """Accumulation dtype of a scope's sums: float64 wherever the arrays' device has it.
+
+    The rule is scale-invariant (at ``lam = 0`` beta depends only on the direction of
+    ``g`` and ``d``), but the squares it sums are not: in float32 they underflow for
+    ``|g|`` below about 1e-19 and overflow above about 1e19, and beta would then be
+    reset to 0. Products formed in float64 keep the float32 range's whole ratio. A
+    device without float64 (Apple MPS) accumulates in float32.
+    """
     if any(a.dtype == xp.float64 for a in arrays):
         return xp.float64
-    return accumulation_dtype(xp, arrays[0].dtype)
+    device = getattr(arrays[0], "device", None)
+    if getattr(device, "type", None) == "mps":
+        return accumulation_dtype(xp, arrays[0].dtype)
+    return xp.float64
+
+
+def compute_dtype(xp: Any, array: Array) -> Any:
+    """The dtype elementwise updates are computed in: float32 for half precision."""
+    return accumulation_dtype(xp, array.dtype) if array.dtype != xp.float64 else xp.float64
 
 
 def _cast(xp: Any, a: Array, dtype: Any) -> Array:

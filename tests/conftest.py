@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import pytest
 from amopt.backends import library_available
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+# the bench cases read a9a from $AMOPT_A9A; point them at the shared copy when there is one
+if (DATA_DIR / "libsvm" / "a9a").is_file():
+    os.environ.setdefault("AMOPT_A9A", str(DATA_DIR / "libsvm" / "a9a"))
 
 
 class Backend(enum.Enum):

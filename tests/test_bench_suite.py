@@ -34,8 +34,13 @@ def quick_env(monkeypatch):
 def test_rows_carry_the_targets_of_the_issue():
     targets = {row.key: row.target for row in _cli.ROWS}
     assert targets == {
-        "adamw-layers": 2.0,
+        "adamw-layers": 1.6,
         "adamw-global": 2.0,
+        "adamw-default": 1.0,
+        "adamw-foreach": 2.0,
+        "adamw-compiled": 1.6,
+        "amsgd-default": 1.3,
+        "foreach-peakmem": None,
         "amsgd": 1.6,
         "minimize-a9a": 1.05,
         "core-numpy": 1.6,
@@ -43,6 +48,9 @@ def test_rows_carry_the_targets_of_the_issue():
         "llama": 1.01,
     }
     assert all(row.target is None for row in _cli.EXTRA_ROWS)
+    # every row names its two sides and a unique key
+    keys = [row.key for row in (*_cli.ROWS, *_cli.EXTRA_ROWS)]
+    assert len(keys) == len(set(keys))
 
 
 def test_quick_run_prints_the_table_and_writes_json(tmp_path, capsys):

@@ -1,8 +1,10 @@
-"""Smoothness constants, certified gradient bounds, minimisers and the reference-solution cache."""
+"""Smoothness constants, certified gradient bounds, minimisers, the reference-solution cache,
+and the constructors' checks of degenerate data."""
 
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -290,3 +292,79 @@ def test_predict_and_call():
     soft = LogisticRegression(X, labels)
     W = rng.standard_normal((3, 3))
     np.testing.assert_array_equal(soft.predict(W.ravel()), np.argmax(X @ W, axis=1) + 5)
+
+
+# --------------------------------------------------------------------------- degenerate input
+
+_FINITE_SUM = {
+    "logistic": lambda X, y: LogisticRegression(X, np.where(y > 0, 1.0, -1.0)),
+    "nonconvex": lambda X, y: NonconvexLogisticRegression(X, np.where(y > 0, 1.0, -1.0)),
+    "lsq": lambda X, y: LeastSquares(X, y),
+    "huber": lambda X, y: HuberRegression(X, y),
+}
+
+
+@pytest.mark.parametrize("kind", list(_FINITE_SUM))
+@pytest.mark.parametrize("sparse", [False, True])
+def test_all_zero_X_is_rejected(kind, sparse):
+    X = np.zeros((5, 3))
+    with pytest.raises(ValueError, match=r"X must have at least one nonzero entry.*\(5, 3\)"):
+        _FINITE_SUM[kind](sp.csr_matrix(X) if sparse else X, np.arange(5.0) - 2)
+
+
+@pytest.mark.parametrize("kind", list(_FINITE_SUM))
+@pytest.mark.parametrize("sparse", [False, True])
+def test_non_finite_X_names_the_entry(kind, sparse):
+    X = np.arange(12.0).reshape(4, 3)
+    X[2, 1] = np.nan
+    X[3, 0] = np.inf
+    with pytest.raises(ValueError, match=re.escape("X[2, 1] = nan (2 non-finite in all)")):
+        _FINITE_SUM[kind](sp.csr_matrix(X) if sparse else X, np.arange(4.0) - 1.5)
+
+
+@pytest.mark.parametrize("kind", list(_FINITE_SUM))
+def test_non_finite_y_names_the_entry(kind):
+    X = np.arange(12.0).reshape(4, 3)
+    y = np.array([1.0, -np.inf, 1.0, -1.0])
+    with pytest.raises(ValueError, match=re.escape("y[1] = -inf (1 non-finite in all)")):
+        {"logistic": LogisticRegression, "nonconvex": NonconvexLogisticRegression}.get(
+            kind, _FINITE_SUM[kind]
+        )(X, y)
+
+
+@pytest.mark.parametrize("kind", list(_FINITE_SUM))
+def test_empty_and_zero_width_data(kind):
+    for shape in [(0, 3), (3, 0)]:
+        with pytest.raises(ValueError, match=re.escape(f"got shape {shape}")):
+            _FINITE_SUM[kind](np.ones(shape), np.ones(shape[0]))
+
+
+def test_one_sample_problems_have_the_exact_constants():
+    a = np.array([[3.0, -4.0]])  # ||a||^2 = 25
+    x = np.array([0.2, 0.1])
+    prob = LogisticRegression(a, np.array([-1.0]))
+    assert prob.L == pytest.approx(25 / 4) and prob.L_max == pytest.approx(25 / 4)
+    assert float(prob.fun(x)) == pytest.approx(math.log1p(math.exp(3 * 0.2 - 4 * 0.1)))
+    ls = LeastSquares(a, np.array([1.0]))
+    assert ls.L == pytest.approx(25.0)
+    assert ls.f_star == pytest.approx(0.0, abs=1e-30)
+    assert float((a @ ls.x_star)[0]) == pytest.approx(1.0)
+
+
+def test_labels_that_do_not_fit_the_model():
+    X = np.arange(12.0).reshape(4, 3) + 1
+    with pytest.raises(ValueError, match=r"at most 2 distinct values, got 3 in y \(1, 2, 3\)"):
+        LogisticRegression(X, np.array([1, 2, 3, 1]), multiclass="binary")
+    with pytest.raises(ValueError, match=r"got 3 in y"):
+        NonconvexLogisticRegression(X, np.array([1, 2, 3, 1]))
+    with pytest.raises(ValueError, match=r"softmax needs at least 2 classes: y has 1 .*\[7\]"):
+        LogisticRegression(X, np.full(4, 7), multiclass="softmax")
+    with pytest.raises(TypeError, match="y must hold real numbers or strings.*complex128"):
+        LogisticRegression(X, np.array([1j, 0, 1j, 0]))
+    with pytest.raises(TypeError, match="y must hold real numbers, got dtype <U"):
+        LeastSquares(X, ["1", "2", "3", "4"])
+    # One class is a valid binary problem: labels <= 0 are the negative class.
+    neg = LogisticRegression(X, np.zeros(4))
+    w = np.array([0.1, -0.2, 0.3])
+    expect = float(np.mean(np.logaddexp(0.0, X @ w)))  # b = -1
+    assert float(neg.fun(w)) == pytest.approx(expect, rel=1e-14)

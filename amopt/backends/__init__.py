@@ -7,7 +7,6 @@ this module is the single place that knows about concrete libraries.
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from typing import Any
 
 import array_api_compat
@@ -92,31 +91,3 @@ def library_available(name: str) -> bool:
         except Exception:  # noqa: BLE001 - any CUDA failure means "not available"
             return False
     return True
-
-
-class _LibraryName(str):
-    def is_importable(self) -> bool:
-        return library_available(self)
-
-
-class _Libraries:
-    """``Backend.TORCH.is_importable()``-style access over :func:`library_available`."""
-
-    NUMPY = _LibraryName("numpy")
-    ARRAY_API_STRICT = _LibraryName("array_api_strict")
-    TORCH = _LibraryName("torch")
-    CUPY = _LibraryName("cupy")
-
-
-def __getattr__(name: str) -> Any:
-    # ``Backend`` was the tests' backend list; callers outside the tests that still
-    # ask whether a library is usable get the same answers from library_available.
-    if name == "Backend":
-        warnings.warn(
-            "amopt.backends.Backend is no longer part of amopt; use "
-            "amopt.backends.library_available(name)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return _Libraries
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -147,11 +147,22 @@ def _minimize_a9a(s: Settings) -> Measured:
 
 
 def _peak_memory(s: Settings) -> Measured:
+    return _peak_memory_kinds("am_adamw_fused", "adamw_fused")(s)
+
+
+def _peak_memory_kinds(kind_a: str, kind_b: str) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        return _peak_memory_of(s, kind_a, kind_b)
+
+    return measure
+
+
+def _peak_memory_of(s: Settings, kind_a: str, kind_b: str) -> Measured:
     if not sys.platform.startswith("linux"):
         raise cases.SkipCase("peak memory is read from /proc (Linux only)")
     n, t = _sizes(s, N_PARAMS, 48)
     out = {}
-    for kind in ("am_adamw_fused", "adamw_fused"):
+    for kind in (kind_a, kind_b):
         code = (
             "import json, torch\n"
             f"torch.set_num_threads({max(s.threads, 1)})\n"
@@ -164,7 +175,8 @@ def _peak_memory(s: Settings) -> Measured:
         if proc.returncode != 0:
             raise RuntimeError(f"peak-memory child for {kind} failed:\n{proc.stderr[-2000:]}")
         out[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
-    am, ref = out["am_adamw_fused"], out["adamw_fused"]
+    am, ref = out[kind_a], out[kind_b]
+    extra_mib = (am["peak_extra_bytes"] - ref["peak_extra_bytes"]) / 2**20
     state_ratio = am["state_bytes"] / ref["state_bytes"]
     return Measured(
         a=am["peak_extra_bytes"] / 2**20,
@@ -172,14 +184,15 @@ def _peak_memory(s: Settings) -> Measured:
         ratio=am["peak_extra_bytes"] / ref["peak_extra_bytes"],
         unit="MiB",
         note=(
-            f"peak RSS added by the optimizer over 3 steps, fresh process each; "
+            f"peak RSS added by the optimizer over 3 steps, fresh process each "
+            f"({extra_mib:+.1f} MiB, parameters {n * 4 / 2**20:.1f} MiB); "
             f"state bytes {am['state_bytes'] / 2**20:.1f} / {ref['state_bytes'] / 2**20:.1f} "
             f"MiB = {state_ratio:.4f}"
         ),
     )
 
 
-def _llama(batch: int) -> Callable[[Settings], Measured]:
+def _llama(batch: int, path: str = "fused") -> Callable[[Settings], Measured]:
     """Whole training iterations, AM-AdamW against AdamW, estimated robustly.
 
     Both models run the same forward and backward computation (same architecture,
@@ -196,8 +209,8 @@ def _llama(batch: int) -> Callable[[Settings], Measured]:
         size: dict = {"batch": batch}
         if s.quick:
             size = {"batch": 2, "seq_len": 32, "hidden": 64, "layers": 2, "vocab": 512}
-        a = cases.LlamaCase("am-adamw", **size)
-        b = cases.LlamaCase("adamw", **size)
+        a = cases.LlamaCase("am-adamw", path=path, **size)
+        b = cases.LlamaCase("adamw", path=path, **size)
         b.model.load_state_dict(a.model.state_dict())
         p = interleave(a.run, b.run, repeat=s.repeat, warmup=2)
         med = statistics.median
@@ -228,7 +241,7 @@ ROWS: tuple[Row, ...] = (
         "AMAdamW.step / AdamW(fused=True).step, 25M params in 48 tensors, per-layer beta",
         "AMAdamW(fused=True)",
         "AdamW(fused=True)",
-        2.0,
+        1.6,
         _optimizers("am_adamw_fused", "adamw_fused", 48, True),
     ),
     Row(
@@ -246,6 +259,46 @@ ROWS: tuple[Row, ...] = (
         "SGD(foreach=True)",
         1.6,
         _optimizers("amsgd_fused", "sgd_foreach", 48, False),
+    ),
+    Row(
+        "adamw-default",
+        "AMAdamW().step / AdamW().step, default flags, 25M params in 48 tensors",
+        "AMAdamW()",
+        "AdamW()",
+        1.0,
+        _optimizers("am_adamw_default", "adamw_default", 48, True),
+    ),
+    Row(
+        "adamw-foreach",
+        "AMAdamW(foreach=True).step / AdamW(foreach=True).step, 25M params, 48 tensors",
+        "AMAdamW(foreach=True)",
+        "AdamW(foreach=True)",
+        2.0,
+        _optimizers("am_adamw_foreach", "adamw_foreach", 48, True),
+    ),
+    Row(
+        "adamw-compiled",
+        "torch.compile(AMAdamW.step) / torch.compile(AdamW.step), 25M params, 48 tensors",
+        "AMAdamW() compiled",
+        "AdamW() compiled",
+        1.6,
+        _optimizers("am_adamw_compiled", "adamw_compiled", 48, True),
+    ),
+    Row(
+        "amsgd-default",
+        "AMSGD().step / SGD(momentum=0.9, dampening=0.9).step, default flags, 25M params",
+        "AMSGD()",
+        "SGD()",
+        1.3,
+        _optimizers("amsgd_default", "sgd_default", 48, False),
+    ),
+    Row(
+        "foreach-peakmem",
+        "peak memory of an AMAdamW / AdamW step, foreach=True (25M params, 48 tensors)",
+        "AMAdamW(foreach=True)",
+        "AdamW(foreach=True)",
+        None,
+        _peak_memory_kinds("am_adamw_foreach", "adamw_foreach"),
     ),
     Row(
         "minimize-a9a",
@@ -284,7 +337,7 @@ ROWS: tuple[Row, ...] = (
 #: informational rows, run with ``--extra``
 EXTRA_ROWS: tuple[Row, ...] = (
     Row(
-        "adamw-foreach",
+        "adamw-foreach-vs-fused",
         "AMAdamW(foreach=True).step / AdamW(fused=True).step, 25M params, 48 tensors",
         "AMAdamW(foreach=True)",
         "AdamW(fused=True)",
@@ -298,6 +351,22 @@ EXTRA_ROWS: tuple[Row, ...] = (
         "AdamW(fused=True)",
         None,
         _optimizers("adamw_foreach", "adamw_fused", 48, True),
+    ),
+    Row(
+        "llama-foreach",
+        "tiny LLaMA training iteration (batch 16 x 256), AM-AdamW / AdamW, both foreach=True",
+        "AMAdamW(foreach=True)",
+        "AdamW(foreach=True)",
+        None,
+        _llama(16, "foreach"),
+    ),
+    Row(
+        "llama-default",
+        "tiny LLaMA training iteration (batch 16 x 256), AM-AdamW / AdamW, default flags",
+        "AMAdamW()",
+        "AdamW()",
+        None,
+        _llama(16, "default"),
     ),
     Row(
         "llama-b8",
@@ -496,7 +565,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--repeat must be at least 1")
     rows = list(ROWS) + (list(EXTRA_ROWS) if args.extra else [])
     if args.rows:
-        rows = [r for r in rows if any(sel in r.key for sel in args.rows)]
+        keys = {r.key for r in rows}
+        # an exact key selects that row; otherwise a selector matches the keys containing it
+        rows = [
+            r
+            for r in rows
+            if any(sel == r.key or (sel not in keys and sel in r.key) for sel in args.rows)
+        ]
     if args.list:
         for r in rows:
             target = "info" if r.target is None else f"<= {r.target:g}"

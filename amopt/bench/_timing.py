@@ -250,6 +250,35 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def vector_isa() -> str:
+    """The widest x86 vector extension the CPU reports (``/proc/cpuinfo`` flags), and what
+    NumPy and torch dispatch to (they can be limited, e.g. by ``ATEN_CPU_CAPABILITY``)."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    if "avx512f" in flags:
+        isa = "AVX-512"
+    elif "avx2" in flags:
+        isa = "AVX2"
+    elif flags:
+        isa = "SSE"
+    else:
+        isa = platform.machine()
+    try:
+        import torch
+
+        isa += f" (torch dispatch: {torch.backends.cpu.get_cpu_capability()})"
+    except (ImportError, AttributeError):
+        pass
+    return isa
+
+
 def machine_info() -> dict[str, str]:
     """CPU model, core count, memory, library versions: the context of a measurement."""
     import amopt
@@ -259,6 +288,7 @@ def machine_info() -> dict[str, str]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu_model(),
+        "vector ISA": vector_isa(),
         "logical cores": str(os.cpu_count()),
     }
     try:
@@ -277,6 +307,9 @@ def machine_info() -> dict[str, str]:
 
         info["torch"] = torch.__version__
         info["torch threads"] = str(torch.get_num_threads())
+        info["gpu"] = (
+            torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (no GPU)"
+        )
         from amopt.torch._fused import fused_status
 
         status = fused_status()

@@ -70,12 +70,17 @@ def apply_threads() -> None:
 
 
 def a9a_path() -> Path:
-    """The a9a LIBSVM file: ``$AMOPT_A9A`` or ``../shared/data/libsvm/a9a`` of the checkout."""
+    """The a9a LIBSVM file: ``$AMOPT_A9A``, else ``libsvm/a9a`` in the data folder.
+
+    The data folder is ``$AMOPT_DATA_DIR`` (default ``~/.cache/amopt``), the one
+    :mod:`amopt.datasets` and ``python -m amopt.bench --data-dir`` use.
+    """
     env = os.environ.get("AMOPT_A9A")
     if env:
         return Path(env)
-    root = Path(__file__).resolve().parents[2]
-    return root.parent / "shared" / "data" / "libsvm" / "a9a"
+    from amopt.datasets import get_data_home
+
+    return get_data_home() / "libsvm" / "a9a"
 
 
 def torch_devices() -> list[str]:
@@ -89,14 +94,14 @@ def torch_devices() -> list[str]:
 
 def array_backends() -> list[str]:
     """Array backends of the core benchmarks available here: numpy, torch, cupy, torch-cuda."""
-    from amopt.backends import Backend
+    from amopt.backends import library_available
 
     names = ["numpy"]
-    if Backend.TORCH.is_importable():
+    if library_available("torch"):
         names.append("torch")
         if "cuda" in torch_devices():
             names.append("torch-cuda")
-    if Backend.CUPY.is_importable():
+    if library_available("cupy"):
         names.append("cupy")
     return names
 
@@ -118,12 +123,18 @@ def _sync(device: str) -> None:
 
 #: kind -> the optimizer it builds
 OPTIMIZER_KINDS: dict[str, str] = {
+    "am_adamw_default": "AMAdamW() (default flags)",
     "am_adamw_fused": "AMAdamW(fused=True)",
     "am_adamw_foreach": "AMAdamW(foreach=True)",
+    "am_adamw_compiled": "AMAdamW(), step under torch.compile",
+    "adamw_default": "torch.optim.AdamW() (default flags)",
     "adamw_fused": "torch.optim.AdamW(fused=True)",
     "adamw_foreach": "torch.optim.AdamW(foreach=True)",
+    "adamw_compiled": "torch.optim.AdamW(), step under torch.compile",
+    "amsgd_default": "AMSGD() (default flags)",
     "amsgd_fused": "AMSGD(fused=True)",
     "amsgd_foreach": "AMSGD(foreach=True)",
+    "sgd_default": "torch.optim.SGD(momentum=0.9, dampening=0.9) (default flags)",
     "sgd_foreach": "torch.optim.SGD(momentum=0.9, dampening=0.9, foreach=True)",
 }
 
@@ -138,6 +149,14 @@ def make_optimizer(kind: str, params: list[Any], per_layer: bool) -> Any:
 
     from amopt.torch import AMSGD, AMAdamW
 
+    if kind in ("am_adamw_default", "am_adamw_compiled"):
+        return AMAdamW(params, lr=1e-3, weight_decay=1e-2, per_layer=per_layer)
+    if kind in ("adamw_default", "adamw_compiled"):
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2)
+    if kind == "amsgd_default":
+        return AMSGD(params, lr=1e-3, per_layer=per_layer)
+    if kind == "sgd_default":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, dampening=0.9)
     if kind == "am_adamw_fused":
         return AMAdamW(params, lr=1e-3, weight_decay=1e-2, per_layer=per_layer, fused=True)
     if kind == "am_adamw_foreach":
@@ -199,9 +218,13 @@ class OptimizerCase:
             p.grad = (1e-2 * torch.randn(size, generator=gen)).to(device)
             self.params.append(p)
         self.optimizer = make_optimizer(kind, self.params, per_layer)
+        self._step: Callable[[], Any] = self.optimizer.step
+        if kind.endswith("_compiled"):
+            # PyTorch's "Compiling the optimizer" recipe: compile a function that steps
+            self._step = torch.compile(self.optimizer.step)
 
     def run(self) -> None:
-        self.optimizer.step()
+        self._step()
         _sync(self.device)
 
     def state_bytes(self) -> int:
@@ -395,8 +418,10 @@ class LlamaCase:
     Parameters
     ----------
     optimizer : {"adamw", "am-adamw"}
-        ``torch.optim.AdamW(fused=True)`` or ``AMAdamW(fused=True)`` (per-layer
-        beta, the paper's LLM setting), both with ``lr=1e-3, weight_decay=1e-2``.
+        ``torch.optim.AdamW`` or ``AMAdamW`` (per-layer beta, the paper's LLM
+        setting), both with ``lr=1e-3, weight_decay=1e-2``.
+    path : {"fused", "foreach", "default"}
+        The implementation both optimizers are asked for (``"default"``: no flag).
     """
 
     def __init__(
@@ -409,7 +434,10 @@ class LlamaCase:
         layers: int = 4,
         vocab: int = 8192,
         seed: int = 0,
+        path: str = "fused",
     ) -> None:
+        if path not in ("fused", "foreach", "default"):
+            raise ValueError(f"path must be 'fused', 'foreach' or 'default'; got path={path!r}")
         try:
             from transformers import LlamaConfig, LlamaForCausalLM
         except ImportError as exc:
@@ -435,10 +463,11 @@ class LlamaCase:
         gen = torch.Generator().manual_seed(seed + 1)
         self.ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
         params = list(self.model.parameters())
+        flags = {} if path == "default" else {path: True}
         if optimizer == "adamw":
-            self.optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, fused=True)
+            self.optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, **flags)
         elif optimizer == "am-adamw":
-            self.optimizer = AMAdamW(params, lr=1e-3, weight_decay=1e-2, fused=True)
+            self.optimizer = AMAdamW(params, lr=1e-3, weight_decay=1e-2, **flags)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; expected 'adamw' or 'am-adamw'")
         self.n_params = sum(p.numel() for p in params)

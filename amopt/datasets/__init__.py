@@ -3,15 +3,17 @@
 ``load_libsvm("mushrooms")`` and ``load_libsvm("a1a")`` work offline (compressed
 copies ship in ``amopt/datasets/data/``); other registered names are downloaded
 once from the LIBSVM site into ``$AMOPT_DATA_DIR/libsvm`` (default
-``~/.cache/amopt/libsvm``) and verified by SHA-256. Parsing uses scikit-learn
-(``pip install amopt[data]``).
+``~/.cache/amopt/libsvm``) and verified by SHA-256 (the registry's, or one
+recorded at the first download), also on every later use. Parsing uses
+scikit-learn (``pip install amopt[data]``).
 """
 
 from ._download import ChecksumError, DownloadError, fetch_libsvm, get_data_home, sha256_file
-from ._libsvm import binary_labels, class_indices, load_libsvm
+from ._libsvm import LABEL_CONVENTIONS, binary_labels, class_indices, load_libsvm
 from ._registry import LIBSVM_URL, LibsvmDataset, dataset_info, list_datasets, register_dataset
 
 __all__ = [
+    "LABEL_CONVENTIONS",
     "LIBSVM_URL",
     "ChecksumError",
     "DownloadError",

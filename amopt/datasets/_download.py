@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
+from typing import Any
 
 from ._registry import dataset_info
 
@@ -55,6 +58,8 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     if cache_dir is not None:
         if not isinstance(cache_dir, str | os.PathLike):
             raise TypeError(f"cache_dir must be a path or None, got {type(cache_dir).__name__}")
+        if not os.fspath(cache_dir):
+            raise ValueError("cache_dir must be a non-empty path or None, got ''")
         return Path(cache_dir).expanduser()
     env = os.environ.get(_ENV_VAR)
     if env:
@@ -63,7 +68,20 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
-    """Hex SHA-256 of the bytes of ``path`` (read in chunks)."""
+    """Hex SHA-256 of the bytes of ``path`` (read in chunks).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    chunk_size : int, default 1 MiB
+        Bytes read at a time.
+
+    Returns
+    -------
+    str
+        64 lowercase hexadecimal digits.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(chunk_size), b""):
@@ -79,40 +97,154 @@ def _manual_hint(url: str, dest: Path) -> str:
     )
 
 
-def _download(url: str, dest: Path, sha256: str | None, timeout: float) -> Path:
-    """Stream ``url`` into ``dest`` atomically, verifying ``sha256`` if given."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def _unwritable(directory: Path, exc: OSError, cache_dir: Any = None) -> OSError:
+    """The error for a data directory that cannot be written, naming where it was chosen."""
+    reason = exc.strerror or str(exc)
+    env = os.environ.get(_ENV_VAR)
+    if cache_dir is not None:
+        source = (
+            f"it was chosen by cache_dir={os.fspath(cache_dir)!r}; pass a writable cache_dir, "
+            f"or omit it and set the {_ENV_VAR} environment variable"
+        )
+    elif env:
+        source = (
+            f"it was chosen by the {_ENV_VAR} environment variable ({_ENV_VAR}={env!r}); "
+            f"point {_ENV_VAR} at a writable directory"
+        )
+    else:
+        source = (
+            f"it is the default, as the {_ENV_VAR} environment variable is not set; set "
+            f"{_ENV_VAR} to a writable directory"
+        )
+    err = OSError(
+        exc.errno,
+        f"cannot write to the amopt data directory {directory} ({reason}): {source} (or place "
+        "the files it needs there by hand)",
+    )
+    err.filename = str(directory)
+    return err
+
+
+def _sidecar(dest: Path) -> Path:
+    """Where the SHA-256 of a download without a registered checksum is recorded."""
+    return dest.with_name(dest.name + ".sha256")
+
+
+def _read_sidecar(dest: Path) -> str | None:
+    """The SHA-256 recorded for ``dest`` at its download, or None if none is readable."""
+    try:
+        text = _sidecar(dest).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    digest = text.split()[0].lower() if text.split() else ""
+    if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+        return digest
+    return None
+
+
+def _write_atomic(dest: Path, data: bytes) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp_name, dest)
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+
+
+def _stream(url: str, dest: Path, out, timeout: float) -> str:
+    """Copy the body of ``url`` into the open file ``out``; return its SHA-256.
+
+    Network failures raise :class:`DownloadError`; errors writing ``out`` propagate.
+    """
     h = hashlib.sha256()
     try:
+        resp = urllib.request.urlopen(url, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        raise DownloadError(
+            f"could not download {url}: the server answered HTTP {exc.code} "
+            f"({exc.reason}). To use this data set anyway, {_manual_hint(url, dest)}"
+        ) from exc
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        raise _offline(url, dest, exc) from exc
+    with resp:
+        expected_size = resp.headers.get("Content-Length", "")
+        received = 0
+        while True:
+            try:
+                chunk = resp.read(1 << 20)
+            except (http.client.HTTPException, OSError, ValueError) as exc:
+                raise _offline(url, dest, exc) from exc
+            if not chunk:
+                break
+            received += len(chunk)
+            h.update(chunk)
+            out.write(chunk)
+    # http.client ends a body cut short by a dropped connection as if it were complete
+    if expected_size.isdigit() and received != int(expected_size):
+        raise DownloadError(
+            f"the download of {url} was cut short: received {received} of {expected_size} "
+            f"bytes; the partial file was deleted. Retry, or {_manual_hint(url, dest)}"
+        )
+    return h.hexdigest()
+
+
+def _download(url: str, dest: Path, sha256: str | None, timeout: float) -> Path:
+    """Stream ``url`` into ``dest`` atomically, verifying ``sha256`` if given; return ``dest``."""
+    _download_digest(url, dest, sha256, timeout)
+    return dest
+
+
+def _download_digest(
+    url: str,
+    dest: Path,
+    sha256: str | None,
+    timeout: float,
+    expected_from: str = "registered",
+    cache_dir: Any = None,
+) -> str:
+    """Stream ``url`` into ``dest`` atomically, verifying ``sha256`` if given; return its hash.
+
+    The data directory is created if needed; an error writing there names the
+    directory and the ``AMOPT_DATA_DIR`` variable rather than the network.
+    """
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    except OSError as exc:
+        raise _unwritable(dest.parent, exc, cache_dir) from exc
+    tmp = Path(tmp_name)
+    try:
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-                while chunk := resp.read(1 << 20):
-                    h.update(chunk)
-                    out.write(chunk)
-        except urllib.error.HTTPError as exc:
-            raise DownloadError(
-                f"could not download {url}: the server answered HTTP {exc.code} ({exc.reason}). "
-                f"To use this data set anyway, {_manual_hint(url, dest)}"
-            ) from exc
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise DownloadError(
-                f"could not download {url} ({reason}); you may be offline. To use this data "
-                f"set without network access, {_manual_hint(url, dest)}"
-            ) from exc
-        digest = h.hexdigest()
+            with os.fdopen(fd, "wb") as out:
+                digest = _stream(url, dest, out, timeout)
+        except DownloadError:
+            raise
+        except OSError as exc:  # writing the file: a full disk, a quota
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
         if sha256 is not None and digest != sha256.lower():
             raise ChecksumError(
-                f"the file downloaded from {url} has sha256 {digest}, expected {sha256}; the "
-                f"corrupted download was deleted. Retry, or {_manual_hint(url, dest)}"
+                f"the file downloaded from {url} has sha256 {digest}, expected {sha256} "
+                f"({expected_from}); the corrupted download was deleted. Retry, or "
+                f"{_manual_hint(url, dest)}"
             )
-        os.replace(tmp, dest)
+        try:
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
     finally:
         if tmp.exists():
             tmp.unlink()
-    return dest
+    return digest
+
+
+def _offline(url: str, dest: Path, exc: BaseException) -> DownloadError:
+    reason = getattr(exc, "reason", None) or exc
+    return DownloadError(
+        f"could not download {url} ({reason}); you may be offline. To use this data "
+        f"set without network access, {_manual_hint(url, dest)}"
+    )
 
 
 def fetch_libsvm(
@@ -128,8 +260,17 @@ def fetch_libsvm(
 
     The file is looked up as ``<data home>/libsvm/<file name>`` (see
     :func:`get_data_home`). If it is absent it is downloaded from the LIBSVM
-    site (or ``base_url``, a mirror with the same layout), written atomically,
-    and its SHA-256 checked against the registry.
+    site (or ``base_url``, a mirror with the same layout) and written
+    atomically. Its SHA-256 is checked against the registry; where the
+    registry has none, the SHA-256 of the download is recorded next to it in
+    ``<file name>.sha256`` and checked on later calls.
+
+    A cached file whose SHA-256 does not match (a truncated copy, a flipped
+    bit) is never loaded: with ``download=True`` a fresh copy is downloaded
+    and verified, the bad file is kept as ``<file name>.corrupt`` and a
+    warning names both hashes; otherwise :class:`ChecksumError` is raised. A
+    file placed by hand for a data set without a registered checksum cannot be
+    verified and is used as it is.
 
     Parameters
     ----------
@@ -140,7 +281,8 @@ def fetch_libsvm(
     base_url : str, optional
         Mirror root replacing :data:`LIBSVM_URL`.
     download : bool, default True
-        If false, a missing file raises :class:`FileNotFoundError` instead.
+        If false, a missing file raises :class:`FileNotFoundError` instead,
+        and a corrupted one :class:`ChecksumError`.
     verify : bool, default True
         Check the SHA-256 (of downloads, and of files already in the cache).
     timeout : float, default 60
@@ -153,28 +295,81 @@ def fetch_libsvm(
     Raises
     ------
     DownloadError
-        Network failure; the message names the URL and where to put the file by hand.
+        Network failure or a download cut short; the message names the URL
+        and where to put the file by hand.
     ChecksumError
-        The downloaded (deleted) or cached (kept, since it may be user data) file
-        has the wrong SHA-256.
+        A download (deleted) has the wrong SHA-256, or a cached file does and
+        no verified copy could be downloaded; the message names the file and
+        both hashes.
+    OSError
+        The data directory cannot be written; the message names it and the
+        ``AMOPT_DATA_DIR`` variable.
+
+    Examples
+    --------
+    >>> from amopt.datasets import fetch_libsvm
+    >>> fetch_libsvm("a9a", cache_dir="/nonexistent", download=False)
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: /nonexistent/libsvm/a9a does not exist and download=False; ...
     """
     info = dataset_info(name)
-    if not isinstance(timeout, int | float) or not timeout > 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if base_url is not None and not isinstance(base_url, str):
+        raise TypeError(f"base_url must be a str or None, got {type(base_url).__name__}")
     dest = get_data_home(cache_dir) / "libsvm" / info.file_name
     url = info.url(base_url)
-    expected = info.sha256 if verify else None
+    expected, expected_from = info.sha256, "registered"
+    if expected is None:
+        expected = _read_sidecar(dest)
+        expected_from = (
+            f"recorded in {_sidecar(dest)} at its first download; delete that file to accept "
+            "a new version of the data"
+        )
     if dest.exists():
-        if expected is not None:
-            digest = sha256_file(dest)
-            if digest != expected:
-                raise ChecksumError(
-                    f"cached file {dest} has sha256 {digest}, expected {expected} for {name!r}; "
-                    f"delete it to download it again from {url}, or pass verify=False"
-                )
+        if not verify or expected is None:
+            return dest
+        digest = sha256_file(dest)
+        if digest == expected:
+            return dest
+        problem = (
+            f"cached file {dest} has sha256 {digest}, expected {expected} ({expected_from}) "
+            f"for {name!r}: it is truncated or corrupted"
+        )
+        if not download:
+            raise ChecksumError(
+                f"{problem}; delete it (or pass download=True) to download it again from "
+                f"{url}, or pass verify=False to use it anyway"
+            )
+        aside = dest.with_name(dest.name + ".corrupt")
+        try:
+            os.replace(dest, aside)
+        except OSError as exc:
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
+        try:
+            _download_digest(url, dest, expected, float(timeout), expected_from, cache_dir)
+        except OSError as exc:
+            os.replace(aside, dest)  # leave the cache as it was
+            if isinstance(exc, DownloadError | ChecksumError):
+                raise ChecksumError(f"{problem}, and downloading it again failed: {exc}") from exc
+            raise
+        warnings.warn(
+            f"{problem}; it was moved to {aside} and a verified copy downloaded from {url}",
+            UserWarning,
+            stacklevel=2,
+        )
         return dest
     if not download:
         raise FileNotFoundError(
             f"{dest} does not exist and download=False; {_manual_hint(url, dest)}"
         )
-    return _download(url, dest, expected, float(timeout))
+    digest = _download_digest(
+        url, dest, expected if verify else None, float(timeout), expected_from, cache_dir
+    )
+    if info.sha256 is None:
+        try:
+            _write_atomic(_sidecar(dest), f"{digest}  {dest.name}\n".encode("ascii"))
+        except OSError as exc:
+            raise _unwritable(dest.parent, exc, cache_dir) from exc
+    return dest

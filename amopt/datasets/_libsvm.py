@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import importlib.resources
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -14,23 +15,60 @@ import numpy as np
 from ._download import fetch_libsvm
 from ._registry import _REGISTRY, dataset_info
 
-__all__ = ["binary_labels", "class_indices", "load_libsvm"]
+__all__ = ["LABEL_CONVENTIONS", "binary_labels", "class_indices", "load_libsvm"]
 
 LabelMode = Literal["raw", "binary", "index"]
 
 
-def binary_labels(y: Any, *, positive: float | None = None) -> np.ndarray:
-    """Map a two-valued label vector to ``±1`` (float64).
+#: The two labels of each binary LIBSVM label convention, as ``(negative, positive)``.
+LABEL_CONVENTIONS: dict[str, tuple[float, float]] = {
+    "pm1": (-1.0, 1.0),
+    "01": (0.0, 1.0),
+    "12": (1.0, 2.0),
+    "24": (2.0, 4.0),
+}
 
-    LIBSVM files use ``±1``, ``{0, 1}``, ``{1, 2}`` or ``{2, 4}``; by default the
-    larger label becomes ``+1`` and the smaller ``-1``.
+
+def _check_label_values(y: np.ndarray) -> None:
+    """Labels must be real numbers (or strings); float labels must be finite."""
+    if y.dtype.kind not in "biufUS":
+        raise TypeError(f"y must hold real numbers or strings (class labels), got dtype {y.dtype}")
+    if y.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(y))
+        if bad.size:
+            raise ValueError(
+                f"y contains NaN or infinite values, but labels must be finite: y[{bad[0]}] = "
+                f"{float(y[bad[0]])!r} ({bad.size} non-finite in all)"
+            )
+
+
+def binary_labels(y: Any, *, positive: Any = None, convention: str | None = None) -> np.ndarray:
+    """Map a label vector with at most two distinct values to ``±1`` (float64).
+
+    LIBSVM files use ``±1``, ``{0, 1}``, ``{1, 2}`` or ``{2, 4}``. The rule:
+
+    * ``convention`` given: its negative label maps to ``-1`` and its positive
+      label to ``+1``, whichever of them occur (so a one-class file keeps its
+      sign); other labels are an error.
+    * ``positive`` given: that label maps to ``+1``, all others to ``-1``.
+    * neither, two labels: the larger maps to ``+1``, the smaller to ``-1``.
+    * neither, one label ``c``: ``-1`` if ``c`` is a number ``<= 0`` (the
+      ``-1`` or ``0`` class of ``±1`` and ``{0, 1}`` files), else ``+1``. A
+      file holding only ``1`` of a ``{1, 2}`` convention (or only ``2`` of
+      ``{2, 4}``) cannot be told apart from the positive class of ``±1``:
+      pass ``convention`` (or ``positive``) for those.
 
     Parameters
     ----------
     y : array_like, shape (n,)
-        Labels with at most two distinct values.
-    positive : float, optional
-        The label mapped to ``+1`` (must occur in ``y``); all others map to ``-1``.
+        Labels with at most two distinct values: finite numbers, or strings.
+    positive : scalar, optional
+        The label mapped to ``+1``; all others map to ``-1``. It must occur
+        in ``y`` unless ``y`` holds a single label (e.g. a test split with
+        only negative samples).
+    convention : {"pm1", "01", "12", "24"}, optional
+        The label convention of the data, see :data:`LABEL_CONVENTIONS`.
+        Exclusive with ``positive``.
 
     Returns
     -------
@@ -39,7 +77,9 @@ def binary_labels(y: Any, *, positive: float | None = None) -> np.ndarray:
     Raises
     ------
     ValueError
-        If ``y`` has more than two distinct labels, or ``positive`` is absent.
+        If ``y`` has more than two distinct labels, a non-finite label, a
+        label outside ``convention``, or ``positive`` is absent from a
+        two-label ``y``.
 
     Examples
     --------
@@ -49,22 +89,46 @@ def binary_labels(y: Any, *, positive: float | None = None) -> np.ndarray:
     array([-1.,  1.,  1., -1.])
     >>> binary_labels(np.array([0, 1, 1]), positive=0)
     array([ 1., -1., -1.])
+    >>> binary_labels(np.array([-1.0, -1.0])), binary_labels(np.array([0, 0]))
+    (array([-1., -1.]), array([-1., -1.]))
+    >>> binary_labels(np.array([1, 1]), convention="12")
+    array([-1., -1.])
     """
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D, got shape {y.shape}")
+    _check_label_values(y)
+    if convention is not None and convention not in LABEL_CONVENTIONS:
+        allowed = ", ".join(repr(c) for c in LABEL_CONVENTIONS)
+        raise ValueError(f"convention must be one of {allowed} or None, got {convention!r}")
+    if convention is not None and positive is not None:
+        raise ValueError(
+            f"pass positive or convention, not both (got positive={positive!r}, "
+            f"convention={convention!r})"
+        )
     classes = np.unique(y)
     if classes.size > 2:
         shown = ", ".join(str(c) for c in classes[:6]) + (", ..." if classes.size > 6 else "")
         raise ValueError(
-            f"binary labels need at most 2 distinct values, got {classes.size} ({shown}); "
-            "use a multiclass model or class_indices for multiclass data"
+            f"binary labels need at most 2 distinct values, got {classes.size} in y "
+            f"({shown}); use a multiclass model or class_indices for multiclass data"
         )
+    if convention is not None:
+        neg, pos = LABEL_CONVENTIONS[convention]
+        if y.dtype.kind not in "biuf" or np.any((classes != neg) & (classes != pos)):
+            raise ValueError(
+                f"y has labels {classes.tolist()}, but convention={convention!r} allows only "
+                f"{neg:g} (mapped to -1) and {pos:g} (mapped to +1)"
+            )
+        return np.where(y == pos, 1.0, -1.0)
     if positive is None:
         if classes.size == 0:
             return np.zeros(0)
+        if classes.size == 1:
+            negative = y.dtype.kind in "biuf" and classes[0] <= 0
+            return np.full(y.shape, -1.0 if negative else 1.0)
         positive = classes[-1]
-    elif not np.any(classes == positive):
+    elif classes.size != 1 and not np.any(classes == positive):
         raise ValueError(f"positive={positive!r} does not occur in y (labels: {classes.tolist()})")
     return np.where(y == positive, 1.0, -1.0)
 
@@ -72,12 +136,22 @@ def binary_labels(y: Any, *, positive: float | None = None) -> np.ndarray:
 def class_indices(y: Any) -> tuple[np.ndarray, np.ndarray]:
     """Map arbitrary class labels to indices ``0..K-1``.
 
+    Parameters
+    ----------
+    y : array_like, shape (n,)
+        Class labels: finite numbers, or strings.
+
     Returns
     -------
     indices : numpy.ndarray of int64, shape (n,)
         ``classes[indices] == y``.
     classes : numpy.ndarray, shape (K,)
         The sorted distinct labels.
+
+    Raises
+    ------
+    ValueError
+        If ``y`` is not 1-D or holds a non-finite label.
 
     Examples
     --------
@@ -90,6 +164,7 @@ def class_indices(y: Any) -> tuple[np.ndarray, np.ndarray]:
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D, got shape {y.shape}")
+    _check_label_values(y)
     classes, idx = np.unique(y, return_inverse=True)
     return idx.astype(np.int64), classes
 
@@ -103,11 +178,15 @@ def _open_text(path: Path):
     return open(path, "rb")
 
 
-def _locate_error(path: Path, zero_based: bool | str, n_features: int | None) -> str | None:
-    """Find the first line that ``load_svmlight_file`` rejects; describe it, or None.
+# scikit-learn's parser stores feature indices as C ints
+_MAX_INDEX = 2**31 - 1
 
-    This is not a parser: it re-reads a file that scikit-learn already refused,
-    only to point at the offending line.
+
+def _locate_error(path: Path, zero_based: bool | str, n_features: int | None) -> str | None:
+    """Find the first line of a LIBSVM file that is not valid; describe it, or None.
+
+    This is not a parser: it re-reads a file that scikit-learn refused, or
+    whose parsed values are not all finite, only to point at the offending line.
     """
     min_index = 1 if zero_based is False else 0
     lowest, max_index, max_line = None, -1, None
@@ -125,12 +204,15 @@ def _locate_error(path: Path, zero_based: bool | str, n_features: int | None) ->
                 shown = shown if len(shown) <= 80 else shown[:77] + "..."
                 where = f"line {lineno}: {shown!r}"
                 tokens = line.split()
+                label = tokens[0].decode("utf-8", "replace")
                 try:
-                    float(tokens[0])
+                    label_value = float(tokens[0])
                 except ValueError:
-                    return (
-                        f"{where}: label {tokens[0].decode('utf-8', 'replace')!r} is not a number"
-                    )
+                    if b":" in tokens[0]:
+                        return f"{where}: the label is missing (the line starts with {label!r})"
+                    return f"{where}: label {label!r} is not a number"
+                if not math.isfinite(label_value):
+                    return f"{where}: label {label!r} is not finite (NaN and inf are not allowed)"
                 feats = tokens[1:]
                 if feats and feats[0].startswith(b"qid:"):
                     feats = feats[1:]
@@ -145,13 +227,23 @@ def _locate_error(path: Path, zero_based: bool | str, n_features: int | None) ->
                     except ValueError:
                         return f"{where}: feature index in {text!r} is not an integer"
                     try:
-                        float(parts[1])
+                        value = float(parts[1])
                     except ValueError:
                         return f"{where}: feature value in {text!r} is not a number"
+                    if not math.isfinite(value):
+                        return (
+                            f"{where}: feature value in {text!r} is not finite (NaN and inf "
+                            "are not allowed)"
+                        )
                     if idx < min_index:
                         return (
                             f"{where}: invalid feature index {idx} (indices start at "
                             f"{min_index} with zero_based={zero_based!r})"
+                        )
+                    if idx > _MAX_INDEX:
+                        return (
+                            f"{where}: feature index {idx} is too large (the largest supported "
+                            f"index is 2**31 - 1 = {_MAX_INDEX})"
                         )
                     if prev is not None and idx <= prev:
                         return (
@@ -177,6 +269,26 @@ def _locate_error(path: Path, zero_based: bool | str, n_features: int | None) ->
     return None
 
 
+def _is_registry_name(path_or_name: Any) -> bool:
+    """Registry names win over relative paths; a name with a ``/`` is always a path."""
+    return isinstance(path_or_name, str) and path_or_name in _REGISTRY and "/" not in path_or_name
+
+
+def _label_convention(path_or_name: Any, label_convention: str | None) -> str | None:
+    """The binary label convention of a file: the argument, else the registry's, else None."""
+    if label_convention is not None:
+        if label_convention not in LABEL_CONVENTIONS:
+            allowed = ", ".join(repr(c) for c in LABEL_CONVENTIONS)
+            raise ValueError(
+                f"label_convention must be one of {allowed} or None, got {label_convention!r}"
+            )
+        return label_convention
+    if _is_registry_name(path_or_name):
+        conv = _REGISTRY[path_or_name].labels
+        return conv if conv in LABEL_CONVENTIONS else None
+    return None
+
+
 def _resolve(
     path_or_name: str | os.PathLike[str],
     cache_dir: Any,
@@ -185,9 +297,7 @@ def _resolve(
     verify: bool,
 ):
     """Return ``(path, registry entry or None)``; registry names win over relative paths."""
-    is_name = (
-        isinstance(path_or_name, str) and path_or_name in _REGISTRY and "/" not in path_or_name
-    )
+    is_name = _is_registry_name(path_or_name)
     if isinstance(path_or_name, os.PathLike) or (isinstance(path_or_name, str) and not is_name):
         path = Path(path_or_name).expanduser()
         if not path.is_file():
@@ -216,6 +326,7 @@ def load_libsvm(
     n_features: int | None = None,
     zero_based: bool | Literal["auto"] = "auto",
     labels: LabelMode = "raw",
+    label_convention: str | None = None,
     dtype: Any = np.float64,
     cache_dir: str | os.PathLike[str] | None = None,
     base_url: str | None = None,
@@ -226,7 +337,7 @@ def load_libsvm(
 
     Parsing is done by :func:`sklearn.datasets.load_svmlight_file` (install
     with ``pip install amopt[data]``); ``.gz`` and ``.bz2`` files are read
-    directly.
+    directly. Every value and label must be a finite number.
 
     Parameters
     ----------
@@ -248,7 +359,13 @@ def load_libsvm(
         ``"raw"``: labels as in the file; ``"binary"``: mapped to ``±1`` by
         :func:`binary_labels`; ``"index"``: class indices ``0..K-1`` (int64)
         by :func:`class_indices`.
-    dtype : numpy dtype, default float64
+    label_convention : {"pm1", "01", "12", "24"}, optional
+        Label convention for ``labels="binary"``; defaults to the registry's
+        for names. With a convention a file holding one class keeps its sign
+        (only ``1`` in a ``{1, 2}`` file is ``-1``); without one the rule of
+        :func:`binary_labels` applies (a single class ``c`` is ``-1`` iff
+        ``c <= 0``).
+    dtype : numpy floating dtype, default float64
         dtype of ``X``.
     cache_dir, base_url, download, verify
         Passed to :func:`fetch_libsvm` for registry names.
@@ -265,8 +382,10 @@ def load_libsvm(
     FileNotFoundError
         If the path does not exist or the name is unknown.
     ValueError
-        For a malformed or empty file; the message names the file and, where
-        the problem is on one line, the line number and its content.
+        For a malformed or empty file (a bad token, a missing label, a
+        non-finite value or label, a feature index above ``2**31 - 1``); the
+        message names the file and, where the problem is on one line, the
+        line number and its content.
     DownloadError, ChecksumError
         See :func:`fetch_libsvm`.
 
@@ -288,15 +407,24 @@ def load_libsvm(
     if n_features is not None and (
         isinstance(n_features, bool)
         or not isinstance(n_features, int | np.integer)
-        or n_features < 1
+        or not 1 <= n_features <= _MAX_INDEX + 1
     ):
-        raise ValueError(f"n_features must be a positive integer or None, got {n_features!r}")
+        raise ValueError(
+            f"n_features must be a positive integer (at most 2**31) or None, got {n_features!r}"
+        )
     if not (
         isinstance(zero_based, bool) or (isinstance(zero_based, str) and zero_based == "auto")
     ):
         raise ValueError(f"zero_based must be True, False or 'auto', got {zero_based!r}")
     if labels not in ("raw", "binary", "index"):
         raise ValueError(f"labels must be 'raw', 'binary' or 'index', got {labels!r}")
+    try:
+        float_dtype = np.dtype(dtype).kind == "f"
+    except TypeError:
+        float_dtype = False
+    if not float_dtype:
+        raise ValueError(f"dtype must be a floating dtype such as numpy.float64, got {dtype!r}")
+    convention = _label_convention(path_or_name, label_convention)
 
     path, info = _resolve(path_or_name, cache_dir, base_url, download, verify)
     if info is not None:
@@ -311,17 +439,25 @@ def load_libsvm(
             zero_based=zero_based,
             dtype=dtype,
         )
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OverflowError, OSError, EOFError) as exc:
         detail = _locate_error(path, zero_based, n_features)
         where = f"{path}: {detail}" if detail else f"{path}"
         raise ValueError(f"malformed LIBSVM file {where} (scikit-learn: {exc})") from exc
     if X.shape[0] == 0:
-        raise ValueError(f"LIBSVM file {path} contains no samples")
+        raise ValueError(
+            f"LIBSVM file {path} contains no samples (it is empty, or holds only blank lines "
+            "and comments)"
+        )
+    if not (np.all(np.isfinite(X.data)) and np.all(np.isfinite(y))):
+        detail = _locate_error(path, zero_based, n_features)
+        if detail is None:  # a value that only overflows in a narrow dtype such as float32
+            detail = f"a value does not fit in {np.dtype(dtype).name}"
+        raise ValueError(f"malformed LIBSVM file {path}: {detail}")
     X = X.tocsr()
     X.sort_indices()
     if labels == "binary":
         try:
-            y = binary_labels(y)
+            y = binary_labels(y, convention=convention)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
     elif labels == "index":

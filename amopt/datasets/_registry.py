@@ -12,6 +12,7 @@ __all__ = ["LIBSVM_URL", "LibsvmDataset", "dataset_info", "list_datasets", "regi
 LIBSVM_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/"
 
 LabelConvention = Literal["pm1", "01", "12", "24", "multiclass"]
+_LABEL_CONVENTIONS = ("pm1", "01", "12", "24", "multiclass")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,9 @@ class LibsvmDataset:
         Number of distinct labels (2 for binary sets).
     sha256 : str or None
         SHA-256 of the file as served (compressed bytes for ``.bz2``), where a
-        verified copy was available to us; ``None`` disables verification.
+        verified copy was available to us. ``None``: the SHA-256 of the first
+        download is recorded next to the file and checked afterwards (see
+        :func:`fetch_libsvm`).
     bundled : str or None
         File name under ``amopt/datasets/data/`` when a compressed copy ships
         with the package (then no download is ever needed).
@@ -44,6 +47,12 @@ class LibsvmDataset:
         one-based).
     note : str
         Free-text provenance note.
+
+    Raises
+    ------
+    ValueError
+        If a field is invalid (e.g. ``n_features < 1``, an unknown ``labels``
+        convention, a ``sha256`` that is not 64 hexadecimal digits).
     """
 
     name: str
@@ -56,6 +65,39 @@ class LibsvmDataset:
     bundled: str | None = None
     zero_based: bool = False
     note: str = ""
+
+    def __post_init__(self) -> None:
+        def bad(field: str, value: object, allowed: str) -> ValueError:
+            return ValueError(f"LibsvmDataset {field} must be {allowed}, got {value!r}")
+
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise bad("name", self.name, "a non-empty str without '/'")
+        if (
+            not isinstance(self.path, str)
+            or not self.path.rsplit("/", 1)[-1]
+            or self.path.startswith("/")
+            or ".." in self.path.split("/")
+        ):
+            raise bad("path", self.path, "a relative file path such as 'binary/a9a'")
+        for field in ("n_samples", "n_features"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(field, value, "a positive int")
+        if self.labels not in _LABEL_CONVENTIONS:
+            raise bad("labels", self.labels, " or ".join(repr(c) for c in _LABEL_CONVENTIONS))
+        if isinstance(self.n_classes, bool) or not isinstance(self.n_classes, int):
+            raise bad("n_classes", self.n_classes, "an int")
+        if (self.labels == "multiclass") != (self.n_classes > 2) or self.n_classes < 2:
+            raise bad(
+                "n_classes", self.n_classes, f"2 for labels={self.labels!r}, and > 2 only for "
+                "labels='multiclass'"
+            )  # fmt: skip
+        if self.sha256 is not None and not (
+            isinstance(self.sha256, str)
+            and len(self.sha256) == 64
+            and all(c in "0123456789abcdef" for c in self.sha256)
+        ):
+            raise bad("sha256", self.sha256, "None or 64 lowercase hexadecimal digits")
 
     @property
     def file_name(self) -> str:
@@ -187,6 +229,13 @@ def dataset_info(name: str) -> LibsvmDataset:
 
 def register_dataset(entry: LibsvmDataset, *, overwrite: bool = False) -> None:
     """Add ``entry`` to the registry (e.g. a local mirror's file or a new set).
+
+    Parameters
+    ----------
+    entry : LibsvmDataset
+        The new entry (its fields are checked when it is created).
+    overwrite : bool, default False
+        Replace an existing entry of the same name.
 
     Raises
     ------

@@ -1,4 +1,7 @@
-"""Shared machinery of the experiments: run context, progress bars, JSON, tables, plots."""
+"""Shared machinery of the experiments: run context, progress bars, JSON, tables, claims.
+
+The plot helpers are in :mod:`amopt.experiments._plots`.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +22,15 @@ import numpy as np
 
 __all__ = [
     "RunContext",
+    "claim_verdict",
     "downsample",
     "environment",
     "first_below",
     "torch_threads",
     "fmt",
+    "markdown_summary",
     "markdown_table",
-    "pyplot",
     "sanitize",
-    "save_figure",
     "write_json",
 ]
 
@@ -191,6 +194,19 @@ def sanitize(obj: Any) -> Any:
     return obj
 
 
+def claim_verdict(wins: int, n: int) -> str:
+    """The verdict on a claim that held in ``wins`` of ``n`` cases.
+
+    Examples
+    --------
+    >>> claim_verdict(3, 3), claim_verdict(1, 3), claim_verdict(0, 3), claim_verdict(0, 0)
+    ('holds', 'partly', 'does not hold', 'does not hold')
+    """
+    if n and wins == n:
+        return "holds"
+    return "does not hold" if wins == 0 else "partly"
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write ``sanitize(obj)`` as compact JSON (strict: no NaN or infinity)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +259,21 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown_summary(
+    result: dict[str, Any], *blocks: str | tuple[Sequence[str], Iterable[Sequence[Any]]]
+) -> str:
+    """``summary.md`` of a result: its title as a heading, then the blocks separated by
+    blank lines; a block is a paragraph or a table given as ``(header, rows)``.
+
+    Examples
+    --------
+    >>> markdown_summary({"title": "T"}, "text", (["a"], [[1]]))
+    '## T\\n\\ntext\\n\\n| a |\\n|---|\\n| 1 |\\n'
+    """
+    texts = [b if isinstance(b, str) else markdown_table(*b) for b in blocks]
+    return "\n\n".join([f"## {result['title']}", *texts]) + "\n"
+
+
 def environment() -> dict[str, Any]:
     """Versions and machine facts recorded with every result.
 
@@ -288,43 +319,6 @@ def _installed_version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-# --------------------------------------------------------------------------- plots
-
-
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the non-interactive Agg backend, with readable defaults."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(
-        {
-            "figure.dpi": 100,
-            "savefig.dpi": 110,
-            "axes.grid": True,
-            "grid.alpha": 0.3,
-            "axes.titlesize": 10,
-            "axes.labelsize": 9,
-            "legend.fontsize": 7.5,
-            "xtick.labelsize": 8,
-            "ytick.labelsize": 8,
-        }
-    )
-    return plt
-
-
-def save_figure(fig: Any, path: Path) -> str:
-    """Save, close, and return the file name (for the result's ``plots`` list)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path.name
 
 
 # --------------------------------------------------------------------------- full-batch runs

@@ -31,14 +31,16 @@ import functools
 import math
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from amopt.bench._timing import PhaseClock, timed_rounds
 
-from ._common import RunContext, markdown_table, pyplot, save_figure, torch_threads
+from ._common import RunContext, claim_verdict, markdown_summary, torch_threads
 from ._data import load_text, split_text
+from ._plots import STYLES, pyplot, save_figure
 
 __all__ = ["run", "summary_markdown", "make_model", "SIZES"]
 
@@ -604,7 +606,6 @@ def _seed_summary(finals: dict[str, list[float | None]], seed0: int) -> dict[str
 
 def _claims(results: dict[str, Any]) -> list[dict[str, Any]]:
     claims = []
-    n = len(results)
 
     def val(s: dict[str, Any], label: str) -> float:
         v = s["runs"][label]["final_val_loss"]
@@ -614,109 +615,94 @@ def _claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         m = s["seeds"][label]["mean"]
         return math.inf if m is None else m
 
-    def paired(s: dict[str, Any], key: str) -> tuple[int, int]:
-        won, n_seeds = s["seeds"]["paired"][key]
-        return won, n_seeds
+    def paired(
+        claim: str, key: str, describe: Callable[[str, dict[str, Any]], str], note: str = ""
+    ) -> None:
+        """A claim on the seeds paired as ``key``; ``describe(size, summary)`` opens each
+        size's part, which ends with the count of seeds where it held."""
+        hits = [s["seeds"]["paired"][key] for s in results.values()]
+        parts = [
+            f"{describe(k, s)} {won}/{n_seeds} seeds"
+            for (k, s), (won, n_seeds) in zip(results.items(), hits, strict=True)
+        ]
+        claims.append(
+            {
+                "claim": claim,
+                "measured": "; ".join(parts) + note,
+                "verdict": claim_verdict(sum(w for w, _ in hits), sum(t for _, t in hits)),
+            }
+        )
 
-    def verdict(hits: list[tuple[int, int]]) -> str:
-        won = sum(w for w, _ in hits)
-        total = sum(t for _, t in hits)
-        return "holds" if won == total else ("does not hold" if won == 0 else "partly")
+    paired(
+        "Sec. 4.3: AM-AdamW beats AdamW at every scale (validation loss)",
+        "AM (warm-up) < AdamW (warm-up)",
+        lambda k, s: (
+            f"{k}: {mean(s, 'AM-AdamW (warm-up)'):.4f} vs "
+            f"{mean(s, 'AdamW (warm-up)'):.4f}, AM lower in"
+        ),
+        " (seed means of the final validation loss, AM-AdamW vs AdamW, both with warm-up)",
+    )
+    paired(
+        "Sec. 4.3: AM-AdamW without warm-up matches AdamW with warm-up",
+        "AM (no warm-up) <= AdamW (warm-up)",
+        lambda k, s: (
+            f"{k}: {mean(s, 'AM-AdamW (no warm-up)'):.4f} vs "
+            f"{mean(s, 'AdamW (warm-up)'):.4f} (AdamW without warm-up: "
+            f"{mean(s, 'AdamW (no warm-up)'):.4f}), AM no-warm-up at or below in"
+        ),
+    )
+    paired(
+        "Sec. 4.3: AdamW struggles without warm-up",
+        "AdamW (warm-up) < AdamW (no warm-up)",
+        lambda k, s: (
+            f"{k}: no warm-up {mean(s, 'AdamW (no warm-up)'):.4f} vs warm-up "
+            f"{mean(s, 'AdamW (warm-up)'):.4f}, warm-up better in"
+        ),
+    )
 
-    key = "AM (warm-up) < AdamW (warm-up)"
-    claims.append(
-        {
-            "claim": "Sec. 4.3: AM-AdamW beats AdamW at every scale (validation loss)",
-            "measured": "; ".join(
-                f"{k}: {mean(s, 'AM-AdamW (warm-up)'):.4f} vs {mean(s, 'AdamW (warm-up)'):.4f}, "
-                f"AM lower in {paired(s, key)[0]}/{paired(s, key)[1]} seeds"
-                for k, s in results.items()
-            )
-            + " (seed means of the final validation loss, AM-AdamW vs AdamW, both with warm-up)",
-            "verdict": verdict([paired(s, key) for s in results.values()]),
-        }
-    )
-    key = "AM (no warm-up) <= AdamW (warm-up)"
-    claims.append(
-        {
-            "claim": "Sec. 4.3: AM-AdamW without warm-up matches AdamW with warm-up",
-            "measured": "; ".join(
-                f"{k}: {mean(s, 'AM-AdamW (no warm-up)'):.4f} vs "
-                f"{mean(s, 'AdamW (warm-up)'):.4f} (AdamW without warm-up: "
-                f"{mean(s, 'AdamW (no warm-up)'):.4f}), AM no-warm-up at or below in "
-                f"{paired(s, key)[0]}/{paired(s, key)[1]} seeds"
-                for k, s in results.items()
-            ),
-            "verdict": verdict([paired(s, key) for s in results.values()]),
-        }
-    )
-    key = "AdamW (warm-up) < AdamW (no warm-up)"
-    claims.append(
-        {
-            "claim": "Sec. 4.3: AdamW struggles without warm-up",
-            "measured": "; ".join(
-                f"{k}: no warm-up {mean(s, 'AdamW (no warm-up)'):.4f} vs warm-up "
-                f"{mean(s, 'AdamW (warm-up)'):.4f}, warm-up better in "
-                f"{paired(s, key)[0]}/{paired(s, key)[1]} seeds"
-                for k, s in results.items()
-            ),
-            "verdict": verdict([paired(s, key) for s in results.values()]),
-        }
-    )
-    parts, ok, total = [], 0, 0
+    def tally(claim: str, checks: list[tuple[str, bool]], note: str = "") -> None:
+        """A claim checked once per entry of ``checks``: (what was measured, whether it held)."""
+        claims.append(
+            {
+                "claim": claim,
+                "measured": "; ".join(text for text, _ in checks) + note,
+                "verdict": claim_verdict(sum(held for _, held in checks), len(checks)),
+            }
+        )
+
+    checks = []
     for k, s in results.items():
         for label in s["runs"]:
             if label.startswith("AM-AdamW beta_max="):
                 bm = label.split("=")[1]
                 a, b = val(s, label), val(s, f"AdamW beta1={bm}")
-                parts.append(f"{k} beta_max={bm}: {a:.4f} vs {b:.4f}")
-                ok += a < b
-                total += 1
-    if total:
-        claims.append(
-            {
-                "claim": "Table 2: at beta_max 0.95 / 0.99 AM-AdamW is much better than AdamW",
-                "measured": "; ".join(parts),
-                "verdict": "holds" if ok == total else ("does not hold" if ok == 0 else "partly"),
-            }
-        )
-    parts, ok = [], 0
+                checks.append((f"{k} beta_max={bm}: {a:.4f} vs {b:.4f}", a < b))
+    if checks:
+        tally("Table 2: at beta_max 0.95 / 0.99 AM-AdamW is much better than AdamW", checks)
+    checks = []
     for k, s in results.items():
         am, aw = val(s, "AM-AdamW (warm-up)"), val(s, "AdamW (warm-up)")
         cl, rs = val(s, "AM-AdamW (clip)"), val(s, "AM-AdamW (restart)")
-        parts.append(f"{k}: AdamW {aw:.4f}, AM {am:.4f}, clip {cl:.4f}, restart {rs:.4f}")
-        ok += am <= rs <= cl <= aw
-    claims.append(
-        {
-            "claim": "Table 1: AM-AdamW < restart < clip < AdamW (validation loss)",
-            "measured": "; ".join(parts),
-            "verdict": "holds" if ok == n else ("does not hold" if ok == 0 else "partly"),
-        }
-    )
-    parts, ok = [], 0
+        text = f"{k}: AdamW {aw:.4f}, AM {am:.4f}, clip {cl:.4f}, restart {rs:.4f}"
+        checks.append((text, am <= rs <= cl <= aw))
+    tally("Table 1: AM-AdamW < restart < clip < AdamW (validation loss)", checks)
+    checks = []
     for k, s in results.items():
         t = s["timing"]
         shares = {
             impl: t[f"overhead {impl}"] for impl in IMPLEMENTATIONS if f"overhead {impl}" in t
         }
-        parts.append(
-            f"{k}: "
-            + ", ".join(
-                f"{impl} {o['iter_pct']:+.1f}% "
-                f"(step() difference {o['step_diff_pct_of_iter']:+.2f}%)"
-                for impl, o in shares.items()
-            )
+        text = f"{k}: " + ", ".join(
+            f"{impl} {o['iter_pct']:+.1f}% (step() difference {o['step_diff_pct_of_iter']:+.2f}%)"
+            for impl, o in shares.items()
         )
         best = min((o["step_diff_pct_of_iter"] for o in shares.values()), default=np.inf)
-        ok += best < 0.5
-    claims.append(
-        {
-            "claim": "Supp. D: AM-AdamW adds < 0.5% to an iteration",
-            "measured": "; ".join(parts)
-            + " of AdamW's iteration time, per implementation (AdamW and AM-AdamW with the "
-            "same flags); verdict on the best implementation's step() difference",
-            "verdict": "holds" if ok == n else ("does not hold" if ok == 0 else "partly"),
-        }
+        checks.append((text, best < 0.5))
+    tally(
+        "Supp. D: AM-AdamW adds < 0.5% to an iteration",
+        checks,
+        " of AdamW's iteration time, per implementation (AdamW and AM-AdamW with the "
+        "same flags); verdict on the best implementation's step() difference",
     )
     parts = []
     for k, s in results.items():
@@ -731,16 +717,6 @@ def _claims(results: dict[str, Any]) -> list[dict[str, Any]]:
         }
     )
     return claims
-
-
-COLORS = {
-    "AdamW (warm-up)": ("tab:blue", "-"),
-    "AdamW (no warm-up)": ("tab:blue", "--"),
-    "AM-AdamW (warm-up)": ("tab:red", "-"),
-    "AM-AdamW (no warm-up)": ("tab:red", "--"),
-    "AM-AdamW (clip)": ("tab:orange", "-"),
-    "AM-AdamW (restart)": ("tab:green", "-"),
-}
 
 
 def _plot_val(ctx: RunContext, runs_all: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> str:
@@ -760,8 +736,8 @@ def _plot_val(ctx: RunContext, runs_all: dict[str, dict[str, Any]], cfg: dict[st
             ax = axes[row, j]
             for label in labels:
                 r = runs[label]
-                if label in COLORS:
-                    color, ls = COLORS[label]
+                if label in STYLES:
+                    color, ls = STYLES[label]
                 else:
                     bm = float(label.split("=")[1])
                     color = bm_colors[cfg["beta_maxes"].index(bm) % len(bm_colors)]
@@ -815,26 +791,22 @@ def _plot_betas(ctx: RunContext, runs_all: dict[str, dict[str, Any]]) -> str:
 def summary_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of the LLM experiment."""
     cfg = result["config"]
-    lines = [
-        f"## {result['title']}",
-        "",
+    blocks: list[Any] = [
         f"{cfg['steps']} steps of {cfg['batch_size']} x {cfg['context']} bytes "
         f"({cfg['tokens_per_step']} tokens/step), lr {cfg['lr']}, weight decay "
         f"{cfg['weight_decay']}, betas (beta_max, {cfg['beta2']}), eps {cfg['eps']}, clip "
         f"{cfg['grad_clip']}, {cfg['schedule']}, AM-AdamW lam {cfg['lam']} per-tensor beta, "
         f"{cfg['precision']}, device {cfg['device']}, one seed; validation on "
         f"{cfg['eval_batches'] * cfg['batch_size']} fixed held-out windows "
-        f"({cfg['split']}).",
-        "",
+        f"({cfg['split']})."
     ]
     for size, s in result["summary"].items():
         c = s["config"]
-        lines += [
+        blocks.append(
             f"### {size} ({s['n_params']:,} parameters: hidden {c['hidden_size']}, "
             f"{c['num_hidden_layers']} layers, {c['num_attention_heads']} heads, "
-            f"MLP {c['intermediate_size']})",
-            "",
-        ]
+            f"MLP {c['intermediate_size']})"
+        )
         rows = []
         best = min(
             (e["final_val_loss"] for e in s["runs"].values() if e["final_val_loss"] is not None),
@@ -856,8 +828,8 @@ def summary_markdown(result: dict[str, Any]) -> str:
                     e["mean_iter_ms"],
                 ]
             )
-        lines.append(
-            markdown_table(
+        blocks.append(
+            (
                 [
                     "run",
                     "final val loss",
@@ -870,12 +842,10 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 rows,
             )
         )
-        lines += [
-            "",
+        blocks.append(
             "Per-iteration time (median of rounds, fixed batch; 'step diff / iter' is the "
-            "difference of the step() times as a share of AdamW's iteration):",
-            "",
-        ]
+            "difference of the step() times as a share of AdamW's iteration):"
+        )
         t = s["timing"]
         rows = []
         for impl in IMPLEMENTATIONS:
@@ -895,8 +865,8 @@ def summary_markdown(result: dict[str, Any]) -> str:
                     f"{o['step_diff_pct_of_iter']:+.2f}%",
                 ]
             )
-        lines.append(
-            markdown_table(
+        blocks.append(
+            (
                 [
                     "implementation",
                     "AdamW ms/iter",
@@ -910,18 +880,15 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 rows,
             )
         )
-        for k, why in t.get("unavailable", {}).items():
-            lines.append(f"\n{k} not timed: {why}")
+        blocks += [f"{k} not timed: {why}" for k, why in t.get("unavailable", {}).items()]
         seeds = s.get("seeds")
         if seeds:
-            lines += [
-                "",
+            blocks.append(
                 f"Final validation loss over seeds {seeds['seeds']} (initialisation and batch "
-                "order; the first seed is the run above):",
-                "",
-            ]
-            lines.append(
-                markdown_table(
+                "order; the first seed is the run above):"
+            )
+            blocks.append(
+                (
                     ["run", "per seed", "mean", "std"],
                     [
                         [
@@ -938,9 +905,9 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 )
             )
         if s["speedup"]:
-            lines += ["", "Steps to reach AdamW (warm-up)'s final validation loss:", ""]
-            lines.append(
-                markdown_table(
+            blocks.append("Steps to reach AdamW (warm-up)'s final validation loss:")
+            blocks.append(
+                (
                     ["comparison", "target", "steps AM", "steps AdamW", "speedup"],
                     [
                         [k, v["target_val_loss"], v["steps_am"], v["steps_base"], v["speedup"]]
@@ -948,5 +915,4 @@ def summary_markdown(result: dict[str, Any]) -> str:
                     ],
                 )
             )
-        lines.append("")
-    return "\n".join(lines)
+    return markdown_summary(result, *blocks)

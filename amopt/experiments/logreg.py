@@ -23,19 +23,14 @@ library default; and the exact numerator), ``lr = 1e-3``, 1000 iterations.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ._common import (
-    RunContext,
-    first_below,
-    markdown_table,
-    pyplot,
-    save_figure,
-    trace_minimize,
-)
+from ._common import RunContext, claim_verdict, first_below, markdown_summary, trace_minimize
 from ._data import load_logreg_problem
+from ._plots import STYLES, pyplot, save_figure
 
 __all__ = ["run", "run_adam", "summary_markdown", "summary_markdown_adam"]
 
@@ -50,6 +45,9 @@ REAL_ADAM = {"maxiter": 1000, "lr": 1e-3}
 QUICK_ADAM = {"maxiter": 100, "lr": 1e-3}
 #: Suboptimality targets are floored here (below it f - f* is rounding noise).
 TARGET_FLOOR = 1e-12
+#: The AM runs of ``logreg`` and of ``logreg-adam``.
+AM_MGD = ("AM-MGD (exact)", "AM-MGD (linear)")
+AM_ADAM = ("AM-Adam (linear)", "AM-Adam (exact)")
 
 
 def _datasets(ctx: RunContext) -> list[str]:
@@ -58,7 +56,8 @@ def _datasets(ctx: RunContext) -> list[str]:
     return QUICK_SETS if ctx.quick else SETS
 
 
-def _load(ctx: RunContext, spec: str) -> tuple[str, Any, str, float, float]:
+def _load(ctx: RunContext, spec: str) -> tuple[Any, dict[str, Any], float, float]:
+    """The problem, its description for the JSON, ``f*`` and the load time in seconds."""
     t0 = time.perf_counter()
     name, prob, source = load_logreg_problem(spec, ctx.data_dir, download=ctx.download)
     t1 = time.perf_counter()
@@ -67,7 +66,47 @@ def _load(ctx: RunContext, spec: str) -> tuple[str, Any, str, float, float]:
         f"[logreg] {name}: n={prob.n_samples} d={prob.dim} L={prob.L:.4g} f*={f_star:.10g} "
         f"(load {t1 - t0:.1f} s, reference {time.perf_counter() - t1:.1f} s)"
     )
-    return name, prob, source, f_star, t1 - t0
+    info = {"dataset": name, "source": source, "n_samples": prob.n_samples, "dim": prob.dim}
+    return prob, info, f_star, t1 - t0
+
+
+def _traces(
+    ctx: RunContext,
+    prob: Any,
+    runs: dict[str, tuple[str, dict[str, Any]]],
+    base: dict[str, Any],
+    desc: str,
+) -> dict[str, dict[str, Any]]:
+    """:func:`trace_minimize` from ``x_0 = 0`` for each ``label: (method, extra options)``."""
+    x0 = np.zeros(prob.dim)
+    bar = ctx.progress(total=len(runs) * base["maxiter"], desc=desc, unit="it")
+    traces = {
+        label: trace_minimize(prob.value_and_grad, x0, method, {**base, **extra}, bar=bar)
+        for label, (method, extra) in runs.items()
+    }
+    bar.close()
+    return traces
+
+
+def _curves(
+    ctx: RunContext, gaps: dict[str, np.ndarray], betas: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """The JSON curves of one data set: ``|f - f*|`` and ``beta_t`` of each method."""
+    curves = {m: ctx.curve(np.abs(g)) for m, g in gaps.items()}
+    curves.update({f"beta {m}": ctx.curve(b) for m, b in betas.items()})
+    return curves
+
+
+def _wins_claim(
+    per_set: list[dict[str, Any]], key: str, claim: str, *, name_wins: bool = False
+) -> dict[str, Any]:
+    """A claim that holds on the data sets whose ``verdict[key]`` is true."""
+    n = len(per_set)
+    wins = [p["dataset"] for p in per_set if p["verdict"][key]]
+    measured = f"lower final loss on {len(wins)}/{n} data sets"
+    if name_wins and wins and len(wins) < n:
+        measured += f" ({', '.join(wins)})"
+    return {"claim": claim, "measured": measured, "verdict": claim_verdict(len(wins), n)}
 
 
 def _scipy_to_target(
@@ -130,34 +169,23 @@ def run(ctx: RunContext) -> dict[str, Any]:
     per_set: list[dict[str, Any]] = []
     curves: dict[str, Any] = {}
     plot_data: dict[str, Any] = {}
-    n_runs = 3 + len(cfg["betas"])
+    am = {"lam": 0.0, "beta_max": 1.0}
+    runs = {
+        "GD": ("gd", {}),
+        **{f"MGD ({beta})": ("mgd", {"beta": beta}) for beta in cfg["betas"]},
+        "AM-MGD (exact)": ("am-mgd", {"numerator": "exact", **am}),
+        "AM-MGD (linear)": ("am-mgd", {"numerator": "linear", **am}),
+    }
     for spec in sets:
-        name, prob, source, f_star, load_s = _load(ctx, spec)
-        x0 = np.zeros(prob.dim)
+        prob, info, f_star, load_s = _load(ctx, spec)
+        name = info["dataset"]
         lr = 1.0 / prob.L
         base = {"lr": lr, "maxiter": cfg["maxiter"]}
-        bar = ctx.progress(total=n_runs * cfg["maxiter"], desc=f"logreg {name}", unit="it")
-        traces: dict[str, dict[str, Any]] = {}
-        traces["GD"] = trace_minimize(prob.value_and_grad, x0, "gd", base, bar=bar)
-        grid: dict[float, dict[str, Any]] = {}
-        for beta in cfg["betas"]:
-            grid[beta] = trace_minimize(
-                prob.value_and_grad, x0, "mgd", {**base, "beta": beta}, bar=bar
-            )
-        for numerator in ("exact", "linear"):
-            traces[f"AM-MGD ({numerator})"] = trace_minimize(
-                prob.value_and_grad,
-                x0,
-                "am-mgd",
-                {**base, "numerator": numerator, "lam": 0.0, "beta_max": 1.0},
-                bar=bar,
-            )
-        bar.close()
+        traces = _traces(ctx, prob, runs, base, f"logreg {name}")
+        grid = {beta: traces[f"MGD ({beta})"] for beta in cfg["betas"]}
         beta_star = min(grid, key=lambda b: _rank(grid[b]["f"] - f_star))
-        if 0.9 in grid:
-            traces["MGD (0.9)"] = grid[0.9]
         traces["MGD (beta*)"] = grid[beta_star]
-        first_order = ["GD", "MGD (0.9)", "MGD (beta*)", "AM-MGD (exact)", "AM-MGD (linear)"]
+        first_order = ["GD", "MGD (0.9)", "MGD (beta*)", *AM_MGD]
         first_order = [m for m in first_order if m in traces]
         gaps = {m: traces[m]["f"] - f_star for m in first_order}
         best_method = min(first_order, key=lambda m: _rank(gaps[m]))
@@ -197,16 +225,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
             [m for m in ("GD", "MGD (0.9)", "MGD (beta*)") if m in gaps],
             key=lambda m: _rank(gaps[m]),
         )
-        verdict = {
-            f"{am} lowest loss": _rank(gaps[am]) < _rank(gaps[best_fixed])
-            for am in ("AM-MGD (exact)", "AM-MGD (linear)")
-        }
         per_set.append(
             {
-                "dataset": name,
-                "source": source,
-                "n_samples": prob.n_samples,
-                "dim": prob.dim,
+                **info,
                 "L": prob.L,
                 "lr": lr,
                 "f_star": f_star,
@@ -220,38 +241,32 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     k: {k2: v2 for k2, v2 in v.items() if k2 != "gap_curve"}
                     for k, v in scipy_runs.items()
                 },
-                "verdict": verdict,
+                "verdict": {
+                    f"{m} lowest loss": _rank(gaps[m]) < _rank(gaps[best_fixed]) for m in AM_MGD
+                },
             }
         )
-        curves[name] = {m: ctx.curve(np.abs(gaps[m])) for m in first_order}
-        for m in ("AM-MGD (exact)", "AM-MGD (linear)"):
-            curves[name][f"beta {m}"] = ctx.curve(traces[m]["betas"])
+        betas = {m: traces[m]["betas"] for m in AM_MGD}
+        curves[name] = _curves(ctx, gaps, betas)
         for k, v in scipy_runs.items():
             curves[name][k] = ctx.curve(np.abs(v["gap_curve"]))
-        plot_data[name] = {
-            "gaps": gaps,
-            "betas": {m: traces[m]["betas"] for m in ("AM-MGD (exact)", "AM-MGD (linear)")},
-            "beta_star": beta_star,
-        }
+        plot_data[name] = {"gaps": gaps, "betas": betas, "beta_star": beta_star}
         ctx.log(
             f"[logreg] {name}: "
             + ", ".join(f"{m} {methods[m]['final_gap']:.3e}" for m in first_order)
             + f"; beta*={beta_star}"
         )
     plots = [_plot(ctx, plot_data, cfg["maxiter"]), _plot_betas(ctx, plot_data)]
-    n = len(per_set)
-    claims = []
-    for am in ("AM-MGD (exact)", "AM-MGD (linear)"):
-        wins = [p["dataset"] for p in per_set if p["verdict"][f"{am} lowest loss"]]
-        claims.append(
-            {
-                "claim": f"Fig. 3: AM-MGD reaches a lower loss than GD, MGD(0.9) and MGD(beta*) "
-                f"({am.split('(')[1][:-1]} numerator)",
-                "measured": f"lower final loss on {len(wins)}/{n} data sets"
-                + (f" ({', '.join(wins)})" if wins and len(wins) < n else ""),
-                "verdict": _verdict(len(wins), n),
-            }
+    claims = [
+        _wins_claim(
+            per_set,
+            f"{m} lowest loss",
+            f"Fig. 3: AM-MGD reaches a lower loss than GD, MGD(0.9) and MGD(beta*) "
+            f"({m.split('(')[1][:-1]} numerator)",
+            name_wins=True,
         )
+        for m in AM_MGD
+    ]
     faster = []
     for p in per_set:
         am_s = p["methods"]["AM-MGD (exact)"]["to_am_exact"]["seconds"]
@@ -262,7 +277,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         {
             "claim": "(not a paper claim) L-BFGS-B as the practical reference",
             "measured": f"L-BFGS-B reaches AM-MGD's final suboptimality in less time on "
-            f"{len(faster)}/{n} data sets",
+            f"{len(faster)}/{len(per_set)} data sets",
             "verdict": "n/a",
         }
     )
@@ -286,98 +301,97 @@ def _rank(gap: np.ndarray) -> tuple[float, float]:
     return (max(float(gap[-1]), TARGET_FLOOR), np.inf if hit is None else float(hit))
 
 
-def _verdict(wins: int, n: int) -> str:
-    if n and wins == n:
-        return "holds"
-    return "does not hold" if wins == 0 else "partly"
+def _grid_plot(
+    ctx: RunContext,
+    data: dict[str, Any],
+    draw: Callable[[Any, Any], None],
+    *,
+    height: float,
+    ylabel: str,
+    legend: str,
+    title: str,
+    filename: str,
+) -> str:
+    """One panel per data set, up to three in a row: ``draw(ax, data[name])`` fills each."""
+    plt = pyplot()
+    cols = min(len(data), 3)
+    rows = (len(data) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, height * rows), squeeze=False)
+    for ax, (name, d) in zip(axes.flat, data.items(), strict=False):
+        draw(ax, d)
+        ax.set_title(name)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(ylabel)
+    for ax in list(axes.flat)[len(data) :]:
+        ax.axis("off")
+    axes.flat[0].legend(loc=legend)
+    fig.suptitle(title, fontsize=11)
+    return save_figure(fig, ctx.out / filename)
 
 
-def _grid(n: int) -> tuple[int, int]:
-    cols = min(n, 3)
-    return (n + cols - 1) // cols, cols
-
-
-STYLES = {
-    "GD": ("tab:gray", "-"),
-    "MGD (0.9)": ("tab:blue", "--"),
-    "MGD (beta*)": ("tab:blue", "-"),
-    "AM-MGD (exact)": ("tab:red", "-"),
-    "AM-MGD (linear)": ("tab:orange", "-"),
-    "L-BFGS-B": ("k", ":"),
-    "CG": ("tab:purple", ":"),
-    "Adam": ("tab:blue", "-"),
-    "AM-Adam (linear)": ("tab:purple", "-"),
-    "AM-Adam (exact)": ("tab:pink", "--"),
-}
+def _gap_lines(ax: Any, gaps: dict[str, np.ndarray], beta_star: float | None = None) -> None:
+    for m, gap in gaps.items():
+        color, ls = STYLES[m]
+        label = f"MGD (beta*={beta_star})" if m == "MGD (beta*)" else m
+        ax.semilogy(
+            np.arange(gap.size),
+            np.clip(np.abs(gap), 1e-16, None),
+            color=color,
+            ls=ls,
+            lw=1.2,
+            label=label,
+        )
 
 
 def _plot(ctx: RunContext, data: dict[str, Any], maxiter: int) -> str:
-    plt = pyplot()
-    rows, cols = _grid(len(data))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.4 * rows), squeeze=False)
-    for ax, (name, d) in zip(axes.flat, data.items(), strict=False):
-        for m, gap in d["gaps"].items():
-            color, ls = STYLES[m]
-            label = f"MGD (beta*={d['beta_star']})" if m == "MGD (beta*)" else m
-            ax.semilogy(
-                np.arange(gap.size),
-                np.clip(np.abs(gap), 1e-16, None),
-                color=color,
-                ls=ls,
-                lw=1.2,
-                label=label,
-            )
+    def draw(ax: Any, d: dict[str, Any]) -> None:
+        _gap_lines(ax, d["gaps"], d["beta_star"])
         ax.set_xlim(0, maxiter)
-        ax.set_title(name)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("f(x_t) - f*")
-    for ax in list(axes.flat)[len(data) :]:
-        ax.axis("off")
-    axes.flat[0].legend(loc="best")
-    fig.suptitle(TITLE, fontsize=11)
-    return save_figure(fig, ctx.out / "logreg.png")
+
+    return _grid_plot(
+        ctx,
+        data,
+        draw,
+        height=3.4,
+        ylabel="f(x_t) - f*",
+        legend="best",
+        title=TITLE,
+        filename="logreg.png",
+    )
 
 
 def _plot_betas(ctx: RunContext, data: dict[str, Any]) -> str:
-    plt = pyplot()
-    rows, cols = _grid(len(data))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 2.6 * rows), squeeze=False)
-    for ax, (name, d) in zip(axes.flat, data.items(), strict=False):
+    def draw(ax: Any, d: dict[str, Any]) -> None:
         for m, b in d["betas"].items():
             color, _ = STYLES[m]
             ax.plot(np.arange(1, b.size + 1), b, color=color, lw=0.4, alpha=0.8, label=m)
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
-        ax.set_title(name)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("beta_t")
-    for ax in list(axes.flat)[len(data) :]:
-        ax.axis("off")
-    axes.flat[0].legend(loc="lower left")
-    fig.suptitle("AM-MGD beta_t on LIBSVM logistic regression (lr = 1/L, lam = 0)", fontsize=11)
-    return save_figure(fig, ctx.out / "logreg_betas.png")
+
+    return _grid_plot(
+        ctx,
+        data,
+        draw,
+        height=2.6,
+        ylabel="beta_t",
+        legend="lower left",
+        title="AM-MGD beta_t on LIBSVM logistic regression (lr = 1/L, lam = 0)",
+        filename="logreg_betas.png",
+    )
 
 
 def summary_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of ``logreg``."""
     cfg = result["config"]
-    methods = ["GD", "MGD (0.9)", "MGD (beta*)", "AM-MGD (exact)", "AM-MGD (linear)"]
-    lines = [
-        f"## {result['title']}",
-        "",
-        f"l2 = 0, x0 = 0, lr = 1/L, {cfg['maxiter']} iterations; beta* = grid value of "
-        f"lowest final loss over {cfg['betas']}; AM-MGD: lam = 0, beta_max = 1. "
-        f"Cells: final f(x_T) - f*; below {TARGET_FLOOR:g} (rounding level) the iteration "
-        "that first reached it is shown instead, and runs are ranked by it (bold: best).",
-        "",
-    ]
+    datasets = result["summary"]["datasets"]
+    methods = ["GD", "MGD (0.9)", "MGD (beta*)", *AM_MGD]
 
     def key(mm: dict[str, Any]) -> tuple[float, float]:
         hit = mm.get("iters_to_floor")
         return (max(mm["final_gap"], TARGET_FLOOR), np.inf if hit is None else hit)
 
-    rows = []
-    for p in result["summary"]["datasets"]:
+    gaps = []
+    for p in datasets:
         present = [m for m in methods if m in p["methods"]]
         best = min(present, key=lambda m: key(p["methods"][m]))
         row = [p["dataset"], f"{p['n_samples']} x {p['dim']}", p["L"], p["f_star"], p["beta_star"]]
@@ -390,18 +404,11 @@ def summary_markdown(result: dict[str, Any]) -> str:
             else:
                 cell = f"{mm['final_gap']:.3e}"
             row.append(f"**{cell}**" if m == best else cell)
-        rows.append(row)
-    lines.append(markdown_table(["data set", "n x d", "L", "f*", "beta*", *methods], rows))
-    lines += [
-        "",
-        "AM-MGD beta_t (exact numerator): mean, median, fraction of steps with beta_t exactly "
-        "1 (to 1e-12) and exactly 0 (step 0 is always 0).",
-        "",
-    ]
-    rows = []
-    for p in result["summary"]["datasets"]:
+        gaps.append(row)
+    betas = []
+    for p in datasets:
         m = p["methods"]["AM-MGD (exact)"]
-        rows.append(
+        betas.append(
             [
                 p["dataset"],
                 m["mean_beta"],
@@ -410,56 +417,47 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 m["frac_beta_zero"],
             ]
         )
-    lines.append(markdown_table(["data set", "mean", "median", "= 1", "= 0"], rows))
-    lines += [
-        "",
-        "Reaching the same suboptimality: iterations / seconds until f - f* <= the final gap "
-        "of AM-MGD (exact) (left) and of the best first-order method (right); the first-order "
-        "methods' seconds come from their own runs (one gradient per iteration), scipy's "
-        f"from L-BFGS-B / CG runs (at most {cfg['scipy_maxiter']} iterations).",
-        "",
-    ]
-    rows = []
-    for p in result["summary"]["datasets"]:
+    reach = []
+    for p in datasets:
         for m in dict.fromkeys(["AM-MGD (exact)", p["best_first_order"], "L-BFGS-B", "CG"]):
             if m in p["methods"]:
                 e = p["methods"][m]
-                a, b = e["to_am_exact"], e["to_best_first_order"]
-                its_a, s_a, its_b, s_b = (
-                    a["iterations"],
-                    a["seconds"],
-                    b["iterations"],
-                    b["seconds"],
-                )
                 label = m if m != p["best_first_order"] or m == "AM-MGD (exact)" else f"{m} (best)"
                 nfev = ("", "")
             else:
                 e = p["scipy"][m]
-                a, b = e["to_am_exact"], e["to_best_first_order"]
-                its_a, s_a, its_b, s_b = (
-                    a["iterations"],
-                    a["seconds"],
-                    b["iterations"],
-                    b["seconds"],
-                )
                 label = m
-                nfev = (a["nfev"], b["nfev"])
-            rows.append(
+                nfev = (e["to_am_exact"]["nfev"], e["to_best_first_order"]["nfev"])
+            a, b = e["to_am_exact"], e["to_best_first_order"]
+            reach.append(
                 [
                     p["dataset"],
                     label,
                     f"{p['targets']['am_exact']:.2e}",
-                    its_a,
+                    a["iterations"],
                     nfev[0],
-                    s_a,
+                    a["seconds"],
                     f"{p['targets']['best_first_order']:.2e}",
-                    its_b,
+                    b["iterations"],
                     nfev[1],
-                    s_b,
+                    b["seconds"],
                 ]
             )
-    lines.append(
-        markdown_table(
+    return markdown_summary(
+        result,
+        f"l2 = 0, x0 = 0, lr = 1/L, {cfg['maxiter']} iterations; beta* = grid value of "
+        f"lowest final loss over {cfg['betas']}; AM-MGD: lam = 0, beta_max = 1. "
+        f"Cells: final f(x_T) - f*; below {TARGET_FLOOR:g} (rounding level) the iteration "
+        "that first reached it is shown instead, and runs are ranked by it (bold: best).",
+        (["data set", "n x d", "L", "f*", "beta*", *methods], gaps),
+        "AM-MGD beta_t (exact numerator): mean, median, fraction of steps with beta_t exactly "
+        "1 (to 1e-12) and exactly 0 (step 0 is always 0).",
+        (["data set", "mean", "median", "= 1", "= 0"], betas),
+        "Reaching the same suboptimality: iterations / seconds until f - f* <= the final gap "
+        "of AM-MGD (exact) (left) and of the best first-order method (right); the first-order "
+        "methods' seconds come from their own runs (one gradient per iteration), scipy's "
+        f"from L-BFGS-B / CG runs (at most {cfg['scipy_maxiter']} iterations).",
+        (
             [
                 "data set",
                 "method",
@@ -472,10 +470,9 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 "f evals",
                 "seconds",
             ],
-            rows,
-        )
+            reach,
+        ),
     )
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- logreg-adam
@@ -494,21 +491,15 @@ def run_adam(ctx: RunContext) -> dict[str, Any]:
         "AM-Adam (linear)": ("am-adam", {"numerator": "linear", "lam": 0.1}),
         "AM-Adam (exact)": ("am-adam", {"numerator": "exact", "lam": 0.1}),
     }
+    base = {"lr": cfg["lr"], "maxiter": cfg["maxiter"]}
     for spec in sets:
-        name, prob, source, f_star, _ = _load(ctx, spec)
-        x0 = np.zeros(prob.dim)
-        bar = ctx.progress(total=len(runs) * cfg["maxiter"], desc=f"logreg-adam {name}", unit="it")
+        prob, info, f_star, _ = _load(ctx, spec)
+        name = info["dataset"]
+        traces = _traces(ctx, prob, runs, base, f"logreg-adam {name}")
         methods = {}
         gaps = {}
         betas = {}
-        for label, (method, extra) in runs.items():
-            tr = trace_minimize(
-                prob.value_and_grad,
-                x0,
-                method,
-                {"lr": cfg["lr"], "maxiter": cfg["maxiter"], **extra},
-                bar=bar,
-            )
+        for label, tr in traces.items():
             gaps[label] = tr["f"] - f_star
             methods[label] = {
                 "final_f": float(tr["f"][-1]),
@@ -518,42 +509,28 @@ def run_adam(ctx: RunContext) -> dict[str, Any]:
             if tr["betas"] is not None:
                 betas[label] = tr["betas"]
                 methods[label]["mean_beta"] = float(np.mean(tr["betas"]))
-        bar.close()
-        verdict = {
-            f"{am} lower than Adam": methods[am]["final_f"] < methods["Adam"]["final_f"]
-            for am in ("AM-Adam (linear)", "AM-Adam (exact)")
-        }
+        adam = methods["Adam"]["final_f"]
         per_set.append(
             {
-                "dataset": name,
-                "source": source,
-                "n_samples": prob.n_samples,
-                "dim": prob.dim,
+                **info,
                 "f_star": f_star,
                 "methods": methods,
-                "verdict": verdict,
+                "verdict": {f"{m} lower than Adam": methods[m]["final_f"] < adam for m in AM_ADAM},
             }
         )
-        curves[name] = {m: ctx.curve(np.abs(g)) for m, g in gaps.items()}
-        for m, b in betas.items():
-            curves[name][f"beta {m}"] = ctx.curve(b)
+        curves[name] = _curves(ctx, gaps, betas)
         plot_data[name] = gaps
         ctx.log(
             f"[logreg-adam] {name}: "
             + ", ".join(f"{m} {v['final_gap']:.3e}" for m, v in methods.items())
         )
     plots = [_plot_adam(ctx, plot_data)]
-    n = len(per_set)
-    claims = []
-    for am in ("AM-Adam (linear)", "AM-Adam (exact)"):
-        wins = [p["dataset"] for p in per_set if p["verdict"][f"{am} lower than Adam"]]
-        claims.append(
-            {
-                "claim": f"Supplement: AM-Adam beats Adam at lr = 1e-3 ({am})",
-                "measured": f"lower final loss on {len(wins)}/{n} data sets",
-                "verdict": _verdict(len(wins), n),
-            }
+    claims = [
+        _wins_claim(
+            per_set, f"{m} lower than Adam", f"Supplement: AM-Adam beats Adam at lr = 1e-3 ({m})"
         )
+        for m in AM_ADAM
+    ]
     return {
         "experiment": "logreg-adam",
         "title": TITLE_ADAM,
@@ -574,42 +551,22 @@ def run_adam(ctx: RunContext) -> dict[str, Any]:
 
 
 def _plot_adam(ctx: RunContext, data: dict[str, Any]) -> str:
-    plt = pyplot()
-    rows, cols = _grid(len(data))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.2 * rows), squeeze=False)
-    for ax, (name, gaps) in zip(axes.flat, data.items(), strict=False):
-        for m, gap in gaps.items():
-            color, ls = STYLES[m]
-            ax.semilogy(
-                np.arange(gap.size),
-                np.clip(np.abs(gap), 1e-16, None),
-                color=color,
-                ls=ls,
-                lw=1.2,
-                label=m,
-            )
-        ax.set_title(name)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("f(x_t) - f*")
-    for ax in list(axes.flat)[len(data) :]:
-        ax.axis("off")
-    axes.flat[0].legend(loc="best")
-    fig.suptitle(TITLE_ADAM, fontsize=11)
-    return save_figure(fig, ctx.out / "logreg_adam.png")
+    return _grid_plot(
+        ctx,
+        data,
+        _gap_lines,
+        height=3.2,
+        ylabel="f(x_t) - f*",
+        legend="best",
+        title=TITLE_ADAM,
+        filename="logreg_adam.png",
+    )
 
 
 def summary_markdown_adam(result: dict[str, Any]) -> str:
     """Markdown table of ``logreg-adam``."""
     cfg = result["config"]
-    methods = ["Adam", "AM-Adam (linear)", "AM-Adam (exact)"]
-    lines = [
-        f"## {result['title']}",
-        "",
-        f"l2 = 0, x0 = 0, lr = {cfg['lr']:g}, betas = (0.9, 0.999), {cfg['maxiter']} "
-        "full-gradient iterations; AM-Adam: lam = 0.1, per-array beta, beta1_max = 0.9. "
-        "Cells: final f - f* (mean beta_1 in brackets).",
-        "",
-    ]
+    methods = ["Adam", *AM_ADAM]
     rows = []
     for p in result["summary"]["datasets"]:
         best = min(methods, key=lambda m: p["methods"][m]["final_gap"])
@@ -621,5 +578,10 @@ def summary_markdown_adam(result: dict[str, Any]) -> str:
                 cell += f" ({e['mean_beta']:.2f})"
             row.append(f"**{cell}**" if m == best else cell)
         rows.append(row)
-    lines.append(markdown_table(["data set", *methods], rows))
-    return "\n".join(lines) + "\n"
+    return markdown_summary(
+        result,
+        f"l2 = 0, x0 = 0, lr = {cfg['lr']:g}, betas = (0.9, 0.999), {cfg['maxiter']} "
+        "full-gradient iterations; AM-Adam: lam = 0.1, per-array beta, beta1_max = 0.9. "
+        "Cells: final f - f* (mean beta_1 in brackets).",
+        (["data set", *methods], rows),
+    )

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ._common import RunContext, first_below, markdown_table, pyplot, save_figure, trace_minimize
+from ._common import RunContext, claim_verdict, first_below, markdown_summary, trace_minimize
+from ._plots import STYLES, pyplot, save_figure
 
 __all__ = ["run", "summary_markdown"]
 
@@ -198,7 +199,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 "claim": f"Fig. 1: AM beats every fixed beta ({am})",
                 "measured": f"faster than the grid-best damped MGD on {wins_d}/{n} problems, "
                 f"than the grid-best classical heavy ball on {wins_h}/{n}",
-                "verdict": _verdict(min(wins_d, wins_h), n),
+                "verdict": claim_verdict(min(wins_d, wins_h), n),
             }
         )
     return {
@@ -213,29 +214,15 @@ def run(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def _verdict(wins: int, n: int) -> str:
-    if wins == n:
-        return "holds"
-    return "does not hold" if wins == 0 else "partly"
-
-
 def _plot(ctx: RunContext, plot_data: dict[float, dict[str, Any]], cfg: dict[str, Any]) -> str:
     plt = pyplot()
     conds = list(plot_data)
     fig, axes = plt.subplots(2, len(conds), figsize=(4.2 * len(conds), 6.2), squeeze=False)
-    styles = {
-        "GD": ("tab:gray", "-"),
-        "MGD (0.9)": ("tab:blue", "--"),
-        "MGD (beta*)": ("tab:blue", "-"),
-        "HB (beta*)": ("tab:green", "-"),
-        "AM-MGD (exact)": ("tab:red", "-"),
-        "AM-MGD (linear)": ("tab:orange", "-"),
-    }
     for j, cond in enumerate(conds):
         d = plot_data[cond]
         ax = axes[0, j]
         for name, r in d["runs"].items():
-            color, ls = styles.get(name, ("k", ":"))
+            color, ls = STYLES.get(name, ("k", ":"))
             label = name
             if name == "MGD (beta*)":
                 label = f"MGD damped (beta*={d['b_damped']})"
@@ -250,7 +237,7 @@ def _plot(ctx: RunContext, plot_data: dict[float, dict[str, Any]], cfg: dict[str
         ax.legend(loc="lower left")
         ax = axes[1, j]
         for name in ("AM-MGD (exact)", "AM-MGD (linear)"):
-            color, _ = styles[name]
+            color, _ = STYLES[name]
             b = d["runs"][name]["betas"]
             ax.plot(np.arange(1, b.size + 1), b, color=color, lw=0.6, label=f"beta_t {name}")
         ax.set_xscale("log")
@@ -265,20 +252,10 @@ def _plot(ctx: RunContext, plot_data: dict[float, dict[str, Any]], cfg: dict[str
 def summary_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of the quadratic experiment."""
     cfg = result["config"]
-    lines = [
-        f"## {result['title']}",
-        "",
-        f"d = {cfg['dim']}, log-spaced spectrum in [1/cond, 1], lr = 1/L, x0 = 0, "
-        f"{cfg['maxiter']} iterations, {cfg['n_seeds']} seeds per condition number. "
-        f"Cells: iterations to reach (f - f*) <= {cfg['tol']:g} (f(x0) - f*), "
-        "'-' = not reached; in brackets the final relative gap. MGD is damped heavy ball "
-        "(the paper's and torch's dampening = beta convention); HB is classical Polyak heavy "
-        f"ball. beta* is the best of the grid {cfg['betas']}.",
-        "",
-    ]
+    problems = result["summary"]["problems"]
     names = ["GD", "MGD (0.9)", "MGD (beta*)", "HB (beta*)", "AM-MGD (exact)", "AM-MGD (linear)"]
     rows = []
-    for p in result["summary"]["problems"]:
+    for p in problems:
         row = [
             f"{p['cond']:g}",
             str(p["seed"]),
@@ -304,14 +281,31 @@ def summary_markdown(result: dict[str, Any]) -> str:
             + ("yes" if v["AM-MGD (linear) beats best heavy ball"] else "no")
         )
         rows.append(row)
-    lines.append(
-        markdown_table(
-            ["cond", "seed", "beta* (MGD / HB)", *names, "AM beats best MGD / best HB?"], rows
-        )
-    )
-    lines += ["", "Mean beta_t of AM-MGD (exact / linear):", ""]
-    lines.append(
-        markdown_table(
+    sensitivity = []
+    seen = set()
+    for p in problems:
+        if p["cond"] in seen:
+            continue
+        seen.add(p["cond"])
+        for kind, grid in (("MGD", p["grid_damped"]), ("HB", p["grid_heavy_ball"])):
+            sensitivity.append(
+                [f"{p['cond']:g}", kind]
+                + [
+                    "-" if g["iters_to_tol"] is None else str(g["iters_to_tol"])
+                    for g in grid.values()
+                ]
+            )
+    return markdown_summary(
+        result,
+        f"d = {cfg['dim']}, log-spaced spectrum in [1/cond, 1], lr = 1/L, x0 = 0, "
+        f"{cfg['maxiter']} iterations, {cfg['n_seeds']} seeds per condition number. "
+        f"Cells: iterations to reach (f - f*) <= {cfg['tol']:g} (f(x0) - f*), "
+        "'-' = not reached; in brackets the final relative gap. MGD is damped heavy ball "
+        "(the paper's and torch's dampening = beta convention); HB is classical Polyak heavy "
+        f"ball. beta* is the best of the grid {cfg['betas']}.",
+        (["cond", "seed", "beta* (MGD / HB)", *names, "AM beats best MGD / best HB?"], rows),
+        "Mean beta_t of AM-MGD (exact / linear):",
+        (
             ["cond", "seed", "exact", "linear"],
             [
                 [
@@ -320,24 +314,9 @@ def summary_markdown(result: dict[str, Any]) -> str:
                     p["methods"]["AM-MGD (exact)"]["mean_beta"],
                     p["methods"]["AM-MGD (linear)"]["mean_beta"],
                 ]
-                for p in result["summary"]["problems"]
+                for p in problems
             ],
-        )
+        ),
+        "Sensitivity to beta (iterations to tolerance, first seed):",
+        (["cond", "method", *[f"beta={b}" for b in cfg["betas"]]], sensitivity),
     )
-    lines += ["", "Sensitivity to beta (iterations to tolerance, first seed):", ""]
-    rows = []
-    seen = set()
-    for p in result["summary"]["problems"]:
-        if p["cond"] in seen:
-            continue
-        seen.add(p["cond"])
-        for kind, grid in (("MGD", p["grid_damped"]), ("HB", p["grid_heavy_ball"])):
-            rows.append(
-                [f"{p['cond']:g}", kind]
-                + [
-                    "-" if g["iters_to_tol"] is None else str(g["iters_to_tol"])
-                    for g in grid.values()
-                ]
-            )
-    lines.append(markdown_table(["cond", "method", *[f"beta={b}" for b in cfg["betas"]]], rows))
-    return "\n".join(lines) + "\n"

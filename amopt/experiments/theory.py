@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ._common import RunContext, markdown_table, pyplot, save_figure
+from ._common import RunContext, markdown_summary
+from ._plots import pyplot, save_figure
 
 __all__ = ["run", "summary_markdown"]
 
@@ -179,15 +180,7 @@ def _plot(ctx: RunContext, rows: list[dict[str, Any]]) -> str:
 def summary_markdown(result: dict[str, Any]) -> str:
     """Markdown table of the theorem checks."""
     cfg = result["config"]
-    lines = [
-        f"## {result['title']}",
-        "",
-        f"Simplified AM-SGD (lam = 0, d_0 = 0, batch size {cfg['batch_size']}), expectations "
-        f"over {cfg['seeds']} seeds; 3.1: lr = 1/sqrt(T), beta_max = 1/T; 3.2: lr = 1/sqrt(T), "
-        f"beta_max = {cfg['c']} lr; fixed cap: lr = 1/sqrt(T), beta_max = {cfg['beta_max_cap']}.",
-        "",
-    ]
-    rows = [
+    checks = [
         [
             r["theorem"],
             r["problem"],
@@ -201,16 +194,19 @@ def summary_markdown(result: dict[str, Any]) -> str:
         ]
         for r in result["summary"]["checks"]
     ]
-    lines.append(
-        markdown_table(
+    blocks = [
+        f"Simplified AM-SGD (lam = 0, d_0 = 0, batch size {cfg['batch_size']}), expectations "
+        f"over {cfg['seeds']} seeds; 3.1: lr = 1/sqrt(T), beta_max = 1/T; 3.2: lr = 1/sqrt(T), "
+        f"beta_max = {cfg['c']} lr; fixed cap: lr = 1/sqrt(T), beta_max = {cfg['beta_max_cap']}.",
+        (
             ["theorem", "problem", "T", "lr", "beta_max", "measured", "bound", "ratio", "passed"],
-            rows,
-        )
-    )
+            checks,
+        ),
+    ]
     if result["summary"]["slopes"]:
-        lines += ["", "Log-log slope in T (measured vs bound):", ""]
-        lines.append(
-            markdown_table(
+        blocks.append("Log-log slope in T (measured vs bound):")
+        blocks.append(
+            (
                 ["theorem", "problem", "measured slope", "bound slope"],
                 [
                     [s["theorem"], s["problem"], s["measured_slope"], s["bound_slope"]]
@@ -218,4 +214,4 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 ],
             )
         )
-    return "\n".join(lines) + "\n"
+    return markdown_summary(result, *blocks)

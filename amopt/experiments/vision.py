@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ._common import RunContext, markdown_table, pyplot, save_figure, torch_threads
+from ._common import RunContext, claim_verdict, markdown_summary, torch_threads
 from ._data import load_fashion_mnist
+from ._plots import pyplot, save_figure
 
 __all__ = ["run", "summary_markdown", "make_model"]
 
@@ -57,15 +58,10 @@ REAL: dict[str, Any] = {
     },
 }
 QUICK: dict[str, Any] = {
+    **REAL,
     "n_train": 1024,
     "n_test": 1000,
     "epochs": 1,
-    "batch_size": 128,
-    "lr": 0.1,
-    "lam": 0.1,
-    "beta_max": 0.9,
-    "milestones": [0.5, 0.75],
-    "gamma": 0.1,
     "seeds": 1,
     "ablation": {
         "n_train": 512,
@@ -419,9 +415,7 @@ def _claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
             "measured": f"test accuracy {a['test_acc_mean']:.4f} (AM) vs {m['test_acc_mean']:.4f} "
             f"(MGD), seed means; AM higher in {wins}/{len(diffs)} paired seeds "
             f"(differences {', '.join(f'{d:+.4f}' for d in diffs)})",
-            "verdict": "holds"
-            if diffs and wins == len(diffs)
-            else ("does not hold" if wins == 0 else "partly"),
+            "verdict": claim_verdict(wins, len(diffs)),
         }
     )
     ldiffs = [p["train_loss_diff"] for p in summary["paired"] if p["train_loss_diff"] is not None]
@@ -431,9 +425,7 @@ def _claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
             "claim": "Sec. 4.2: AM-MGD optimises faster (train loss)",
             "measured": f"last-epoch train loss {a['train_loss_mean']:.4f} (AM) vs "
             f"{m['train_loss_mean']:.4f} (MGD); AM lower in {lw}/{len(ldiffs)} seeds",
-            "verdict": "holds"
-            if ldiffs and lw == len(ldiffs)
-            else ("does not hold" if lw == 0 else "partly"),
+            "verdict": claim_verdict(lw, len(ldiffs)),
         }
     )
     ph = summary["beta_phases_first_seed"]
@@ -450,43 +442,16 @@ def _claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     abl = summary["ablation"]
-    lr_rows = [e for e in abl if e["param"] == "lr"]
-    lrs = sorted({e["value"] for e in lr_rows})
-    better = []
-    for lr in lrs:
-        a_ = next(e for e in lr_rows if e["value"] == lr and e["optimizer"] == "AM-MGD")
-        m_ = next(e for e in lr_rows if e["value"] == lr and e["optimizer"] == "MGD")
-        if a_["test_acc_mean"] is not None and (
-            m_["test_acc_mean"] is None or a_["test_acc_mean"] > m_["test_acc_mean"]
-        ):
-            better.append(lr)
     claims.append(
-        {
-            "claim": "Fig. 5c: AM-MGD's gains persist across learning rates",
-            "measured": f"AM higher final test accuracy at lr in {better} of {lrs}",
-            "verdict": "holds"
-            if len(better) == len(lrs)
-            else ("does not hold" if not better else "partly"),
-        }
+        _ablation_claim(abl, "lr", "Fig. 5c: AM-MGD's gains persist across learning rates", "lr")
     )
-    bs_rows = [e for e in abl if e["param"] == "batch_size"]
-    bss = sorted({e["value"] for e in bs_rows})
-    better = []
-    for bs in bss:
-        a_ = next(e for e in bs_rows if e["value"] == bs and e["optimizer"] == "AM-MGD")
-        m_ = next(e for e in bs_rows if e["value"] == bs and e["optimizer"] == "MGD")
-        if a_["test_acc_mean"] is not None and (
-            m_["test_acc_mean"] is None or a_["test_acc_mean"] > m_["test_acc_mean"]
-        ):
-            better.append(bs)
     claims.append(
-        {
-            "claim": "Fig. 5b: small batches do not hurt AM's relative gain",
-            "measured": f"AM higher final test accuracy at batch size in {better} of {bss}",
-            "verdict": "holds"
-            if len(better) == len(bss)
-            else ("does not hold" if not better else "partly"),
-        }
+        _ablation_claim(
+            abl,
+            "batch_size",
+            "Fig. 5b: small batches do not hurt AM's relative gain",
+            "batch size",
+        )
     )
     lam_rows = [e for e in abl if e["param"] == "lam" and e["optimizer"] == "AM-MGD"]
     accs = [e["test_acc_mean"] for e in lam_rows if e["test_acc_mean"] is not None]
@@ -502,6 +467,27 @@ def _claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return claims
+
+
+def _ablation_claim(
+    ablation: list[dict[str, Any]], param: str, claim: str, name: str
+) -> dict[str, Any]:
+    """AM-MGD against MGD at each value of the ablated ``param`` (final test accuracy)."""
+    rows = [e for e in ablation if e["param"] == param]
+    values = sorted({e["value"] for e in rows})
+    better = []
+    for value in values:
+        am = next(e for e in rows if e["value"] == value and e["optimizer"] == "AM-MGD")
+        mgd = next(e for e in rows if e["value"] == value and e["optimizer"] == "MGD")
+        if am["test_acc_mean"] is not None and (
+            mgd["test_acc_mean"] is None or am["test_acc_mean"] > mgd["test_acc_mean"]
+        ):
+            better.append(value)
+    return {
+        "claim": claim,
+        "measured": f"AM higher final test accuracy at {name} in {better} of {values}",
+        "verdict": claim_verdict(len(better), len(values)),
+    }
 
 
 def _smooth(y: np.ndarray, w: int) -> np.ndarray:
@@ -621,16 +607,6 @@ def summary_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of the vision experiment."""
     cfg = result["config"]
     s = result["summary"]
-    lines = [
-        f"## {result['title']}",
-        "",
-        f"Model: {cfg['model']}; {cfg['n_train']} training images (fixed random subset), "
-        f"{cfg['n_test']} test images, batch {cfg['batch_size']}, lr {cfg['lr']}, x{cfg['gamma']} "
-        f"at {cfg['milestones']} of the steps, {cfg['epochs']} epochs, no weight decay, no "
-        f"augmentation, device {cfg['device']}. MGD = {cfg['mgd']}; AM-MGD = {cfg['am']}, "
-        f"lam = {cfg['lam']}.",
-        "",
-    ]
     rows = []
     for opt in ("MGD", "AM-MGD"):
         m = s["main"][opt]
@@ -644,8 +620,13 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 m["seconds_mean"],
             ]
         )
-    lines.append(
-        markdown_table(
+    blocks: list[Any] = [
+        f"Model: {cfg['model']}; {cfg['n_train']} training images (fixed random subset), "
+        f"{cfg['n_test']} test images, batch {cfg['batch_size']}, lr {cfg['lr']}, x{cfg['gamma']} "
+        f"at {cfg['milestones']} of the steps, {cfg['epochs']} epochs, no weight decay, no "
+        f"augmentation, device {cfg['device']}. MGD = {cfg['mgd']}; AM-MGD = {cfg['am']}, "
+        f"lam = {cfg['lam']}.",
+        (
             [
                 "optimizer",
                 "test acc per seed",
@@ -655,12 +636,12 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 "seconds per run",
             ],
             rows,
-        )
-    )
+        ),
+    ]
     if s["beta_phases_first_seed"]:
-        lines += ["", f"AM-MGD beta_t (first seed; mean over all seeds {s['beta_mean']:.3f}):", ""]
-        lines.append(
-            markdown_table(
+        blocks.append(f"AM-MGD beta_t (first seed; mean over all seeds {s['beta_mean']:.3f}):")
+        blocks.append(
+            (
                 ["phase", "mean beta_t", "fraction < 0.1", "fraction at 0.9"],
                 [
                     [k, v["mean"], v["frac_below_0.1"], v["frac_at_cap"]]
@@ -669,12 +650,6 @@ def summary_markdown(result: dict[str, Any]) -> str:
             )
         )
     abl = cfg["ablation"]
-    lines += [
-        "",
-        f"Ablations: no schedule, {abl['n_train']} training images, {abl['epochs']} epochs, "
-        f"{abl['seeds']} seeds (mean final test accuracy; other parameters as above).",
-        "",
-    ]
     rows = []
     for e in s["ablation"]:
         rows.append(
@@ -687,8 +662,12 @@ def summary_markdown(result: dict[str, Any]) -> str:
                 e.get("coefficient_cap"),
             ]
         )
-    lines.append(
-        markdown_table(
+    blocks.append(
+        f"Ablations: no schedule, {abl['n_train']} training images, {abl['epochs']} epochs, "
+        f"{abl['seeds']} seeds (mean final test accuracy; other parameters as above)."
+    )
+    blocks.append(
+        (
             [
                 "varied",
                 "value",
@@ -700,4 +679,4 @@ def summary_markdown(result: dict[str, Any]) -> str:
             rows,
         )
     )
-    return "\n".join(lines) + "\n"
+    return markdown_summary(result, *blocks)

@@ -117,6 +117,23 @@ def _check_scalar(name: str, value: Any, *, low: float = 0.0, low_open: bool = F
     return v
 
 
+def _check_targets(y: Any) -> np.ndarray:
+    """``y`` of a regression problem: a 1-D array of finite real numbers, as float64."""
+    y = np.asarray(to_numpy(y) if not isinstance(y, list | tuple) else y)
+    if y.dtype.kind not in "biuf":
+        raise TypeError(f"y must hold real numbers, got dtype {y.dtype}")
+    if y.ndim != 1:
+        raise ValueError(f"y must be 1-D, got shape {y.shape}")
+    y = y.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(y))
+    if bad.size:
+        raise ValueError(
+            f"y contains NaN or infinite values, but must be finite: y[{bad[0]}] = "
+            f"{float(y[bad[0]])!r} ({bad.size} non-finite in all)"
+        )
+    return y
+
+
 def _check_int(name: str, value: Any, *, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
@@ -160,8 +177,23 @@ class _Design:
         n, d = X.shape
         if n < 1 or d < 1:
             raise ValueError(f"X must have at least one row and one column, got shape {X.shape}")
-        if not np.all(np.isfinite(data)):
-            raise ValueError("X contains NaN or infinite values")
+        bad = ~np.isfinite(data)
+        if np.any(bad):
+            k = int(np.argmax(bad.ravel()))
+            i, j = (
+                (int(np.searchsorted(X.indptr, k, side="right")) - 1, int(X.indices[k]))
+                if self.sparse
+                else divmod(k, d)
+            )
+            raise ValueError(
+                f"X contains NaN or infinite values, but must be finite: X[{i}, {j}] = "
+                f"{float(data.ravel()[k])!r} ({int(np.count_nonzero(bad))} non-finite in all)"
+            )
+        if not np.any(data):
+            raise ValueError(
+                f"X must have at least one nonzero entry, got an all-zero X of shape {X.shape} "
+                "(the objective would not depend on the data)"
+            )
         if targets.shape[0] != n:
             raise ValueError(
                 f"X has {n} rows but y has {targets.shape[0]} entries; they must match"

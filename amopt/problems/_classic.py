@@ -9,7 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backends import to_numpy
-from ._base import FiniteSumProblem, Problem, _check_int, _check_scalar, _Design
+from ._base import FiniteSumProblem, Problem, _check_int, _check_scalar, _check_targets, _Design
 from ._reference import ReferenceSolution, solve_reference
 
 __all__ = ["HuberRegression", "Rosenbrock"]
@@ -125,11 +125,7 @@ class HuberRegression(FiniteSumProblem):
     convex = True
 
     def __init__(self, X: Any, y: Any, *, delta: float = 1.0):
-        y = np.asarray(to_numpy(y) if not isinstance(y, list | tuple) else y, dtype=np.float64)
-        if y.ndim != 1:
-            raise ValueError(f"y must be 1-D, got shape {y.shape}")
-        if not np.all(np.isfinite(y)):
-            raise ValueError("y contains NaN or infinite values")
+        y = _check_targets(y)
         self.delta = _check_scalar("delta", delta, low_open=True)
         self._data = _Design(X, y)
         self.n_samples, self.n_features = self._data.n, self._data.d

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 import scipy.special
 
 from ..backends import to_numpy
-from ..datasets._libsvm import binary_labels, class_indices
+from ..datasets._libsvm import _check_label_values, _label_convention, binary_labels, class_indices
 from ._base import FiniteSumProblem, _check_int, _check_scalar, _Design
 from ._reference import ReferenceSolution, solve_reference
 
@@ -27,8 +27,7 @@ def _labels_1d(y: Any) -> np.ndarray:
     y = np.asarray(to_numpy(y) if not isinstance(y, list | tuple) else y)
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D, got shape {y.shape}")
-    if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
-        raise ValueError("y contains NaN or infinite values")
+    _check_label_values(y)
     return y
 
 
@@ -36,7 +35,8 @@ class LogisticRegression(FiniteSumProblem):
     r"""Logistic regression, binary or multiclass (softmax), with an optional L2 term.
 
     Binary (labels mapped to :math:`b_i = \pm 1` by :func:`~amopt.datasets.binary_labels`:
-    the larger label is :math:`+1`, so ``±1``, ``{0, 1}``, ``{1, 2}`` all work):
+    the larger label is :math:`+1`, so ``±1``, ``{0, 1}``, ``{1, 2}`` all work; a
+    single label :math:`c` is :math:`-1` iff :math:`c \le 0`):
 
     .. math:: f(x) = \frac1n \sum_i \log(1 + e^{-b_i a_i^\top x}) + \frac{\ell_2}{2}\|x\|^2.
 
@@ -130,7 +130,10 @@ class LogisticRegression(FiniteSumProblem):
             idx, classes = class_indices(y)
             n_classes = int(classes.size)
             if n_classes < 2:
-                raise ValueError(f"softmax needs at least 2 classes, got {n_classes}")
+                raise ValueError(
+                    f"softmax needs at least 2 classes: y has {n_classes} distinct label(s) "
+                    f"{classes.tolist()}; use multiclass='binary' or 'auto' for one class"
+                )
             targets = np.zeros((y.shape[0], n_classes))
             targets[np.arange(y.shape[0]), idx] = 1.0
         self.kind: str = kind
@@ -155,7 +158,10 @@ class LogisticRegression(FiniteSumProblem):
     ) -> LogisticRegression:
         """Logistic regression on a LIBSVM file or registered data set.
 
-        ``load_kwargs`` go to :func:`amopt.datasets.load_libsvm`.
+        ``load_kwargs`` go to :func:`amopt.datasets.load_libsvm`. A file with a
+        single class keeps its sign under the file's label convention (the
+        registry's, or ``label_convention=``): only ``1`` in a ``{1, 2}`` file
+        is ``-1``.
 
         Examples
         --------
@@ -167,6 +173,10 @@ class LogisticRegression(FiniteSumProblem):
         from ..datasets import load_libsvm
 
         X, y = load_libsvm(path_or_name, **load_kwargs)
+        if multiclass != "softmax" and load_kwargs.get("labels", "raw") == "raw":
+            conv = _label_convention(path_or_name, load_kwargs.get("label_convention"))
+            if conv is not None and np.unique(y).size == 1:
+                y = binary_labels(y, convention=conv)
         return cls(X, y, l2=l2, multiclass=multiclass)
 
     # ------------------------------------------------------------------ constants

@@ -10,7 +10,15 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ..backends import to_numpy
-from ._base import FiniteSumProblem, Problem, _check_int, _check_scalar, _Design, _device
+from ._base import (
+    FiniteSumProblem,
+    Problem,
+    _check_int,
+    _check_scalar,
+    _check_targets,
+    _Design,
+    _device,
+)
 from ._reference import ReferenceSolution
 
 __all__ = ["LeastSquares", "Quadratic"]
@@ -274,11 +282,7 @@ class LeastSquares(FiniteSumProblem):
     """
 
     def __init__(self, X: Any, y: Any, *, l2: float = 0.0):
-        y = np.asarray(to_numpy(y) if not isinstance(y, list | tuple) else y, dtype=np.float64)
-        if y.ndim != 1:
-            raise ValueError(f"y must be 1-D, got shape {y.shape}")
-        if not np.all(np.isfinite(y)):
-            raise ValueError("y contains NaN or infinite values")
+        y = _check_targets(y)
         self._data = _Design(X, y)
         self.l2 = _check_scalar("l2", l2)
         self.n_samples, self.dim = self._data.n, self._data.d

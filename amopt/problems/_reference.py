@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import tempfile
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,32 +89,26 @@ def solve_reference(
 
     Results are memoised under ``key`` (a hash of the data and parameters) in
     memory and, if ``cache``, in ``<data home>/reference/<key>.npz``. A cached
-    solution is reused only if it was computed to a tolerance at least as tight.
+    solution is reused only if its gradient, re-evaluated at the stored ``x``,
+    meets ``gtol``; ``f*`` is re-evaluated there too. An unreadable, truncated,
+    stale or non-finite cache entry is recomputed and overwritten; cache files
+    are written atomically.
     """
     full_key = f"{key}-{_FORMAT}"
     hit = _MEMORY.get(full_key)
     if hit is not None and _satisfies(hit, gtol):
         return _for_request(hit, gtol)
     path = _cache_file(full_key, cache_dir) if cache else None
-    if path is not None and path.is_file():
-        try:
-            with np.load(path) as z:
-                sol = ReferenceSolution(
-                    x=np.array(z["x"]),
-                    fun=float(z["fun"]),
-                    grad_norm=float(z["grad_norm"]),
-                    gtol=float(z["gtol"]),
-                    converged=bool(z["converged"]),
-                )
-        except (OSError, KeyError, ValueError):
-            sol = None  # unreadable cache entry: recompute and overwrite
-        if sol is not None and sol.x.shape == x0.shape and _satisfies(sol, gtol):
-            _MEMORY[full_key] = sol
-            return _for_request(sol, gtol)
 
     def fg(z: np.ndarray) -> tuple[float, np.ndarray]:
         f, g = value_and_grad(z)
         return float(f), np.asarray(g, dtype=np.float64).ravel()
+
+    if path is not None:
+        sol = _load_cached(path, np.shape(x0), fg)
+        if sol is not None and _satisfies(sol, gtol):
+            _MEMORY[full_key] = sol
+            return _for_request(sol, gtol)
 
     res = scipy.optimize.minimize(
         fg,
@@ -141,15 +138,65 @@ def solve_reference(
         )
     _MEMORY[full_key] = sol
     if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, x=sol.x, fun=sol.fun, grad_norm=sol.grad_norm, gtol=sol.gtol,
-                     converged=sol.converged)  # fmt: skip
-            os.replace(tmp, path)
-        except OSError:
-            pass  # the on-disk cache is an optimisation; a read-only home is not an error
+        _save_cached(path, sol)
     return sol
+
+
+def _load_cached(
+    path: Path, shape: tuple[int, ...], fg: Callable[[np.ndarray], tuple[float, np.ndarray]]
+) -> ReferenceSolution | None:
+    """The solution stored at ``path``, re-evaluated with ``fg``; None if absent or unusable.
+
+    Any defect (a truncated or foreign file, missing fields, another format
+    version, a wrong shape, non-finite values) makes the entry a miss. ``f``
+    and ``max|grad|`` are recomputed at the stored ``x`` rather than read, so a
+    stale or damaged entry is judged by what the objective gives there.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            fields = {k: np.asarray(z[k]) for k in ("format", "x", "fun", "grad_norm", "gtol")}
+    except FileNotFoundError:
+        return None
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
+        return None  # unreadable, or not written by this module
+    x = fields["x"]
+    scalars = [fields[k] for k in ("format", "fun", "grad_norm", "gtol")]
+    if any(a.shape != () or a.dtype.kind not in "iuf" for a in scalars):
+        return None
+    fmt, fun, grad_norm, gtol = (float(a) for a in scalars)
+    if fmt != _FORMAT or x.dtype != np.float64 or x.shape != (math.prod(shape),):
+        return None
+    if not (np.all(np.isfinite(x)) and math.isfinite(fun) and grad_norm >= 0 and gtol > 0):
+        return None  # NaN compares false: a NaN grad_norm or gtol fails here too
+    x = x.copy()
+    f, g = fg(x)
+    gnorm = float(np.max(np.abs(g))) if g.size else 0.0
+    if not (math.isfinite(f) and math.isfinite(gnorm)):
+        return None
+    return ReferenceSolution(
+        x=x, fun=f, grad_norm=gnorm, gtol=gtol, converged=gnorm <= gtol, nit=0
+    )
+
+
+def _save_cached(path: Path, sol: ReferenceSolution) -> None:
+    """Write ``sol`` to ``path`` atomically (a temporary file, then :func:`os.replace`)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except OSError:
+        return  # the on-disk cache is an optimisation; a read-only home is not an error
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(
+                fh, format=_FORMAT, x=sol.x, fun=sol.fun, grad_norm=sol.grad_norm,
+                gtol=sol.gtol, converged=sol.converged,
+            )  # fmt: skip
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a full disk: keep whatever entry was there
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _newton_polish(fg, hess, x, f, g, gnorm, gtol, max_steps: int = 50):

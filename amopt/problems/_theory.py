@@ -156,6 +156,44 @@ def _common(T, seeds, batch_size):
     return T, _seeds(seeds), _check_int("batch_size", batch_size)
 
 
+def _convex_start(
+    problem: Any, x0: Any, theorem: str, names: Sequence[str]
+) -> tuple[dict[str, float], np.ndarray, float]:
+    """The checks of a convex theorem: its constants ``names``, the start, ``||x_0 - x*||^2``."""
+    if not getattr(problem, "convex", False):
+        label = "the fixed-cap theorem" if theorem == "fixed-cap" else f"Theorem {theorem}"
+        raise ValueError(f"{label} assumes every f_S convex; problem.convex is not True")
+    consts = {name: _constant(problem, name, theorem) for name in names}
+    x0 = _start(problem, x0)
+    x_star = np.asarray(problem.x_star, dtype=np.float64)
+    return consts, x0, float(np.sum((x0 - x_star) ** 2))
+
+
+def _averaged_gaps(
+    problem: Any,
+    x0: np.ndarray,
+    T: int,
+    lr: float,
+    beta_max: float,
+    seeds: tuple[int, ...],
+    batch_size: int,
+    weights: np.ndarray,
+    f_star: float,
+) -> list[float]:
+    """Per seed, ``f(sum_{t<T} w_t x_t / sum_{t<T} w_t) - f_star`` of one AM-SGD run."""
+    gaps = []
+    for seed in seeds:
+        acc = np.zeros_like(x0)
+
+        def observe(t, x, acc=acc):
+            if t < T:
+                acc += weights[t] * x
+
+        _run_am_sgd(problem, x0, T, lr, beta_max, seed, batch_size, observe)
+        gaps.append(float(problem.value_and_grad(acc / weights.sum())[0]) - f_star)
+    return gaps
+
+
 def _result(theorem, T, seeds, lr, beta_max, values, bound, constants, per_seed=None):
     values = np.asarray(values, dtype=np.float64)
     measured = float(np.mean(values))
@@ -204,6 +242,7 @@ def check_theorem_3_1(
     Returns
     -------
     TheoremCheck
+        ``constants``: ``G2``, ``f_star`` and ``dist0_sq`` (:math:`\|x_0 - x^*\|^2`).
 
     Examples
     --------
@@ -213,29 +252,14 @@ def check_theorem_3_1(
     (True, True)
     """
     T, seeds, batch_size = _common(T, seeds, batch_size)
-    if not getattr(problem, "convex", False):
-        raise ValueError("Theorem 3.1 assumes every f_S convex; problem.convex is not True")
-    G2 = _constant(problem, "G2", "3.1")
-    f_star = _constant(problem, "f_star", "3.1")
-    x0 = _start(problem, x0)
-    x_star = np.asarray(problem.x_star, dtype=np.float64)
-    dist0 = float(np.sum((x0 - x_star) ** 2))
+    consts, x0, dist0 = _convex_start(problem, x0, "3.1", ("G2", "f_star"))
     lr, beta_max = 1.0 / math.sqrt(T), 1.0 / T
     weights = (1.0 + 1.0 / T) ** -(np.arange(T) + 1.0)
-    gaps = []
-    for seed in seeds:
-        acc = np.zeros_like(x0)
-
-        def observe(t, x, acc=acc):
-            if t < T:
-                acc += weights[t] * x
-
-        _run_am_sgd(problem, x0, T, lr, beta_max, seed, batch_size, observe)
-        x_avg = acc / weights.sum()
-        gaps.append(float(problem.value_and_grad(x_avg)[0]) - f_star)
-    bound = (dist0 + 2.5 * G2) / math.sqrt(T)
-    consts = {"G2": G2, "f_star": f_star, "dist0_sq": dist0}
-    return _result("3.1", T, seeds, lr, beta_max, gaps, bound, consts)
+    gaps = _averaged_gaps(
+        problem, x0, T, lr, beta_max, seeds, batch_size, weights, consts["f_star"]
+    )
+    bound = (dist0 + 2.5 * consts["G2"]) / math.sqrt(T)
+    return _result("3.1", T, seeds, lr, beta_max, gaps, bound, {**consts, "dist0_sq": dist0})
 
 
 def check_theorem_3_2(
@@ -273,6 +297,9 @@ def check_theorem_3_2(
     Returns
     -------
     TheoremCheck
+        ``constants``: ``G2``, ``L``, ``c``, ``f_decrease`` (the seed-average of
+        :math:`f(x_0) - f(x_T)`) and ``t_min``, the ``t`` that minimises the
+        seed-average, at which ``per_seed`` and ``stderr`` are taken.
 
     Examples
     --------
@@ -346,6 +373,7 @@ def check_fixed_cap(
     Returns
     -------
     TheoremCheck
+        ``constants``: ``G2``, ``f_star``, ``sigma_f2``, ``dist0_sq`` and ``eps``.
 
     Examples
     --------
@@ -359,31 +387,15 @@ def check_fixed_cap(
     if beta_max >= 1:
         raise ValueError(f"beta_max must lie in [0, 1), got {beta_max!r}")
     lr = 1.0 / math.sqrt(T) if lr is None else _check_scalar("lr", lr, low_open=True)
-    if not getattr(problem, "convex", False):
-        raise ValueError(
-            "the fixed-cap theorem assumes every f_S convex; problem.convex is not True"
-        )
-    G2 = _constant(problem, "G2", "fixed-cap")
-    f_star = _constant(problem, "f_star", "fixed-cap")
-    sigma_f2 = _constant(problem, "sigma_f2", "fixed-cap")
-    x0 = _start(problem, x0)
-    x_star = np.asarray(problem.x_star, dtype=np.float64)
-    dist0 = float(np.sum((x0 - x_star) ** 2))
+    consts, x0, dist0 = _convex_start(problem, x0, "fixed-cap", ("G2", "f_star", "sigma_f2"))
+    gaps = _averaged_gaps(
+        problem, x0, T, lr, beta_max, seeds, batch_size, np.ones(T), consts["f_star"]
+    )
     eps = 1.0 - beta_max
-    gaps = []
-    for seed in seeds:
-        acc = np.zeros_like(x0)
-
-        def observe(t, x, acc=acc):
-            if t < T:
-                acc += x
-
-        _run_am_sgd(problem, x0, T, lr, beta_max, seed, batch_size, observe)
-        gaps.append(float(problem.value_and_grad(acc / T)[0]) - f_star)
     bound = (
         dist0 / (2.0 * lr * eps * T)
-        + lr * G2 * (2.0 + eps) / (2.0 * eps**3)
-        + sigma_f2 * (1.0 + eps - eps**2) / eps**2
+        + lr * consts["G2"] * (2.0 + eps) / (2.0 * eps**3)
+        + consts["sigma_f2"] * (1.0 + eps - eps**2) / eps**2
     )
-    consts = {"G2": G2, "f_star": f_star, "sigma_f2": sigma_f2, "dist0_sq": dist0, "eps": eps}
+    consts.update(dist0_sq=dist0, eps=eps)
     return _result("fixed-cap", T, seeds, lr, beta_max, gaps, bound, consts)

@@ -1,0 +1,649 @@
+"""The loop shared by every ``amopt.minimize`` method.
+
+The objective wrapper (``fun``/``jac``/``args`` or a :class:`~amopt.FiniteSum`),
+the map between the user's ``x0`` and the core's tuple of arrays, the mini-batch
+sampler, the callback protocol and the status table. Every step itself is a
+call into :mod:`amopt._core`, made by the methods in :mod:`amopt._methods`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import array_api_compat
+import numpy as np
+from scipy.optimize import OptimizeResult, OptimizeWarning
+
+from amopt._config import check_bool, check_int, check_nonnegative
+from amopt._finite_sum import FiniteSum
+from amopt.backends import array_namespace, is_array
+
+__all__ = ["STATUS_MESSAGES"]
+
+#: Termination reasons: key -> (status, message). The single source of messages.
+STATUS_MESSAGES: dict[str, tuple[int, str]] = {
+    "gtol": (0, "Optimization terminated successfully: the gradient norm is at most `gtol`."),
+    "steps": (0, "Optimization terminated successfully: ran the `maxiter` mini-batch steps."),
+    "maxiter": (1, "Maximum number of iterations has been exceeded."),
+    "nonfinite": (
+        2,
+        "NaN or infinite value encountered in the objective, the gradient or the iterate; "
+        "returning the last finite iterate.",
+    ),
+    "nonfinite_x0": (2, "NaN or infinite value in `x0`; no step was taken."),
+    "callback": (99, "`callback` raised `StopIteration`."),
+}
+
+#: Mini-batch size of the sgd-type methods when ``batch_size`` is not given
+#: (capped at ``fun.n_samples``).
+DEFAULT_BATCH_SIZE = 32
+
+# --------------------------------------------------------------------------- structure
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _describe(obj: Any) -> str:
+    """A short description of a returned value, for error messages."""
+    if obj is None:
+        return "None"
+    if is_array(obj):
+        return f"a {_type_name(obj)} of shape {tuple(obj.shape)} and dtype {obj.dtype}"
+    text = repr(obj)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({_type_name(obj)})"
+
+
+def _reject_masked(a: Any, name: str) -> None:
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy.ma.MaskedArray, which amopt does not support (the mask would "
+            "be ignored); pass a plain array, e.g. a.filled(value) or the unmasked entries"
+        )
+
+
+def _numeric_kind(xp: Any, dtype: Any) -> str | None:
+    """``"real"`` (bool, integer, real floating), ``"complex"``, or None (not numeric)."""
+    try:
+        if xp.isdtype(dtype, "complex floating"):
+            return "complex"
+        if xp.isdtype(dtype, ("real floating", "integral", "bool")):
+            return "real"
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+class _Layout:
+    """How the user's ``x0`` maps to the tuple of arrays the core works on.
+
+    The core gets copies of ``x0`` (so that no result aliases the caller's
+    arrays), in a real floating dtype, with 0-d arrays handled as shape
+    ``(1,)``; :meth:`pack` restores the user's shapes and structure.
+    """
+
+    def __init__(self, x0: Any):
+        _reject_masked(x0, "x0")
+        if isinstance(x0, list | tuple) and len(x0) > 0 and all(is_array(a) for a in x0):
+            self.container: type | None = type(x0)
+            arrays = tuple(x0)
+            for i, a in enumerate(arrays):
+                _reject_masked(a, f"x0[{i}]")
+        else:
+            self.container = None
+            if x0 is None:
+                raise TypeError("x0 must be an array, a number or a list of numbers; got None")
+            if not is_array(x0) or isinstance(x0, np.generic):
+                try:
+                    x0 = np.asarray(x0)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(
+                        "x0 must be an array, a number, a (nested) list of numbers or a "
+                        f"list/tuple of arrays; got {_describe(x0)}: {exc}"
+                    ) from None
+            arrays = (x0,)
+        self.xp = array_namespace(*arrays)
+        arrays = tuple(self._as_float(a, i) for i, a in enumerate(arrays))
+        self.user_shapes = [tuple(a.shape) for a in arrays]
+        self.zero_d = any(s == () for s in self.user_shapes)
+        xp = self.xp
+        self.arrays = tuple(xp.reshape(a, (1,)) if a.ndim == 0 else a for a in self.copy(arrays))
+        self.shapes = [tuple(a.shape) for a in self.arrays]
+        self.devices = [array_api_compat.device(a) for a in self.arrays]
+        self._fast_shape = None if self.zero_d else self.shapes[0]
+
+    def _name(self, i: int) -> str:
+        return "x0" if self.container is None else f"x0[{i}]"
+
+    def _as_float(self, a: Any, i: int) -> Any:
+        xp = self.xp
+        name = self._name(i)
+        if xp.isdtype(a.dtype, "complex floating"):
+            raise TypeError(
+                f"{name} has complex dtype {a.dtype}; amopt supports real floating dtypes "
+                "(float16, bfloat16, float32, float64). Split complex parameters into real "
+                "and imaginary parts."
+            )
+        if xp.isdtype(a.dtype, "real floating"):
+            return a
+        if _numeric_kind(xp, a.dtype) == "real":
+            info = xp.__array_namespace_info__()
+            dtype = info.default_dtypes(device=getattr(a, "device", None))["real floating"]
+            return xp.astype(a, dtype)
+        raise TypeError(f"{name} must have a real floating dtype; got dtype {a.dtype}")
+
+    def copy(self, arrays: tuple) -> tuple:
+        """Copies of ``arrays``, for what is handed to the caller and kept from the caller."""
+        xp = self.xp
+        return tuple(
+            a.copy() if type(a) is np.ndarray else xp.asarray(a, copy=True) for a in arrays
+        )
+
+    def pack(self, arrays: tuple) -> Any:
+        """The user's structure (and shapes) from the core's tuple."""
+        if self.zero_d:
+            arrays = tuple(
+                self.xp.reshape(a, ()) if s == () else a
+                for a, s in zip(arrays, self.user_shapes, strict=True)
+            )
+        return arrays[0] if self.container is None else self.container(arrays)
+
+    def unpack(self, obj: Any, what: str) -> tuple:
+        """The core's tuple from a user-returned gradient: checked, in x's dtype, and a copy."""
+        if self.container is None:
+            if (
+                type(obj) is np.ndarray
+                and obj.shape == self._fast_shape
+                and obj.dtype == self.arrays[0].dtype
+            ):
+                return (obj.copy(),)  # the common case, checked without the array-API wrappers
+            arrays = (obj,)
+        else:
+            if not isinstance(obj, list | tuple) or len(obj) != len(self.shapes):
+                raise ValueError(
+                    f"{what} must return a list of {len(self.shapes)} arrays like x0; "
+                    f"got {_describe(obj)}"
+                )
+            arrays = tuple(obj)
+        return tuple(self._gradient(a, i, what) for i, a in enumerate(arrays))
+
+    def _gradient(self, a: Any, i: int, what: str) -> Any:
+        xp, x = self.xp, self.arrays[i]
+        where = "" if self.container is None else f"[{i}]"
+        name = self._name(i)
+        shape = self.user_shapes[i]
+        expected = f"an array of shape {shape} like {name} ({_type_name(x)}, dtype {x.dtype})"
+        if a is None or isinstance(a, str | bytes | dict | set) or callable(a):
+            raise TypeError(f"{what} must return {expected}; got {_describe(a)}")
+        _reject_masked(a, f"the gradient returned by {what}")
+        if is_array(a) and not isinstance(a, np.generic):
+            if array_namespace(a) is not xp:
+                raise TypeError(
+                    f"{what} returned {_describe(a)}{where}, but {name} is a {_type_name(x)}; "
+                    "return the gradient as the same array type as x0"
+                )
+            if array_api_compat.device(a) != self.devices[i]:
+                raise ValueError(
+                    f"{what} returned an array{where} on device {array_api_compat.device(a)}, "
+                    f"but {name} is on device {self.devices[i]}"
+                )
+            copied = False
+        else:
+            try:
+                a = xp.asarray(a, device=self.devices[i])
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise TypeError(f"{what} must return {expected}; got {_describe(a)}") from exc
+            copied = True
+        kind = _numeric_kind(xp, a.dtype)
+        if kind != "real":
+            raise TypeError(
+                f"{what} must return {expected}; got an array{where} of "
+                f"{'complex ' if kind == 'complex' else 'non-numeric '}dtype {a.dtype}"
+            )
+        if tuple(a.shape) != shape:
+            raise ValueError(
+                f"{what} returned an array{where} of shape {tuple(a.shape)}, but x0{where} "
+                f"has shape {shape}; the gradient must have the shape of x"
+            )
+        if a.dtype != x.dtype:
+            a = xp.astype(a, x.dtype)  # e.g. an integer gradient: promote, never truncate
+        elif not copied:
+            a = a.copy() if type(a) is np.ndarray else xp.asarray(a, copy=True)
+        return xp.reshape(a, (1,)) if shape == () else a
+
+    def max_abs(self, arrays: tuple) -> float:
+        """Infinity norm over all arrays (NaN/inf propagate)."""
+        xp = self.xp
+        if len(arrays) == 1 and type(arrays[0]) is np.ndarray:
+            # The common case, without the array-API wrappers. ``argmax`` (the first NaN,
+            # else the largest) rather than ``max``: the same value, and on small arrays
+            # NumPy's max reduction costs several times more once the loop's objective
+            # has pushed it out of the caches.
+            a = arrays[0]
+            if a.size == 0:
+                return 0.0
+            mag = np.abs(a)
+            return float(mag.flat[np.argmax(mag)])
+        return max(float(xp.max(xp.abs(a))) if a.size != 0 else 0.0 for a in arrays)
+
+    def all_finite(self, arrays: tuple) -> bool:
+        """No NaN or infinity in any array.
+
+        For NumPy arrays, the cheapest tests: a finite ``sum(a)`` proves that every
+        element is finite (a NaN or an infinity makes the sum NaN or infinite); only
+        when it is not (an overflowing sum) is ``sum(0 * a)`` needed, which is NaN
+        exactly when ``a`` holds a NaN or an infinity.
+        """
+        if all(type(a) is np.ndarray for a in arrays):
+            for a in arrays:
+                if not math.isfinite(np.add.reduce(a, axis=None)):
+                    with np.errstate(invalid="ignore"):  # inf * 0 is the NaN looked for
+                        if not math.isfinite(np.add.reduce(a * 0.0, axis=None)):
+                            return False
+            return True
+        return math.isfinite(self.max_abs(arrays))
+
+    def sq_norm(self, arrays: tuple) -> float:
+        """:math:`\\sum \\|x\\|^2` over all arrays, accumulated in at least float32."""
+        xp = self.xp
+        total = 0.0
+        for a in arrays:
+            if type(a) is np.ndarray:
+                a = a.reshape(-1).astype(np.float64, copy=False)
+                total += float(np.dot(a, a))
+            elif a.dtype == xp.float64:
+                total += float(xp.sum(a * a))
+            else:
+                a = xp.astype(a, xp.float32)
+                total += float(xp.sum(a * a))
+        return total
+
+
+def _scalar(f: Any, what: str) -> float:
+    """``float(f)`` for a real scalar (or a one-element real array) returned by ``what``."""
+    if type(f) is float or type(f) is np.float64:
+        return float(f)
+    if isinstance(f, numbers.Real) and not isinstance(f, bool):
+        return float(f)
+    if is_array(f) and not isinstance(f, np.generic):
+        if math.prod(f.shape) != 1:
+            raise ValueError(f"{what} must return a scalar; got an array of shape {f.shape}")
+        kind = _numeric_kind(array_namespace(f), f.dtype)
+        if kind == "real" and f.dtype != getattr(array_namespace(f), "bool", None):
+            return float(f.reshape(()) if hasattr(f, "reshape") else f)
+    raise TypeError(f"{what} must return a real scalar; got {_describe(f)}")
+
+
+class _Objective:
+    """Wraps ``fun``/``jac``/``args`` (or a FiniteSum) and counts evaluations."""
+
+    def __init__(self, fun, jac, args, layout: _Layout):
+        self.layout = layout
+        self.args = args if isinstance(args, tuple) else (args,)
+        self.nfev = 0
+        self.njev = 0
+        self.finite_sum = isinstance(fun, FiniteSum)
+        if self.finite_sum:
+            self.n_samples = check_int("fun.n_samples", fun.n_samples, 1)
+            if self.args:
+                raise ValueError(
+                    f"args={self.args!r} cannot be used with a FiniteSum fun: its "
+                    "value_and_grad and batch_value_and_grad take no extra arguments "
+                    "(store them on the object instead)"
+                )
+            # jac, a method of the FiniteSum object itself (jac=fun.grad), agrees with it
+            if jac is not None and jac is not True and getattr(jac, "__self__", None) is not fun:
+                warnings.warn(
+                    f"jac={jac!r} is ignored: with a FiniteSum fun the gradients come from "
+                    "fun.value_and_grad and fun.batch_value_and_grad",
+                    OptimizeWarning,
+                    stacklevel=5,
+                )
+        elif not callable(fun):
+            raise TypeError(f"fun must be callable or a FiniteSum; got {type(fun).__name__}")
+        self.fun = fun
+        self.fd = False
+        if self.finite_sum or jac is True:
+            self.jac = None
+        elif callable(jac):
+            self.jac = jac
+        elif jac is None or jac is False:
+            if layout.xp is not array_namespace(np.empty(0)):
+                raise ValueError(
+                    "jac=None (finite differences) is supported only for NumPy arrays; "
+                    f"x0 is a {type(layout.arrays[0]).__module__} array. Pass jac= (a callable, "
+                    "or True when fun returns (f, g)), e.g. from autograd."
+                )
+            warnings.warn(
+                "jac is None: the gradient is estimated by forward finite differences "
+                "(n + 1 evaluations of fun per iteration, relative step sqrt(eps) of the "
+                "dtype of x0). Pass jac= for speed and accuracy.",
+                OptimizeWarning,
+                stacklevel=4,
+            )
+            self.jac = None
+            self.fd = True
+        else:
+            raise TypeError(f"jac must be callable, True or None; got jac={jac!r}")
+        self.jac_is_true = jac is True and not self.finite_sum
+
+    def __call__(self, arrays: tuple) -> tuple[float, tuple]:
+        """Full objective value and gradient at ``arrays``."""
+        x = self.layout.pack(arrays)
+        if self.finite_sum:
+            self.nfev += 1
+            self.njev += 1
+            f, g = self._pair(self.fun.value_and_grad(x), "fun.value_and_grad")
+            return _scalar(f, "fun.value_and_grad"), self.layout.unpack(g, "fun.value_and_grad")
+        if self.jac_is_true:
+            self.nfev += 1
+            self.njev += 1
+            f, g = self._pair(self.fun(x, *self.args), "with jac=True, fun")
+            return _scalar(f, "fun"), self.layout.unpack(g, "fun (jac=True)")
+        if self.fd:
+            return self._finite_difference(arrays)
+        self.nfev += 1
+        self.njev += 1
+        f = _scalar(self.fun(x, *self.args), "fun")
+        return f, self.layout.unpack(self.jac(x, *self.args), "jac")
+
+    @staticmethod
+    def _pair(out: Any, what: str) -> tuple[Any, Any]:
+        try:
+            f, g = out
+        except (TypeError, ValueError):
+            raise TypeError(f"{what} must return a pair (f, g); got {_describe(out)}") from None
+        return f, g
+
+    def batch(self, arrays: tuple, indices: np.ndarray) -> tuple[float, tuple]:
+        x = self.layout.pack(arrays)
+        self.nfev += 1
+        self.njev += 1
+        what = "fun.batch_value_and_grad"
+        f, g = self._pair(self.fun.batch_value_and_grad(x, indices), what)
+        return _scalar(f, what), self.layout.unpack(g, what)
+
+    def _finite_difference(self, arrays: tuple) -> tuple[float, tuple]:
+        """Forward differences with scipy's ``approx_derivative`` step rule.
+
+        The step is :math:`h = \\sqrt{\\epsilon}\\,\\max(1, |x|)` with the sign of x,
+        :math:`\\epsilon` that of the dtype of x (a float64 step is below float32
+        resolution); the quotient divides by the step actually taken in that dtype.
+        """
+        layout = self.layout
+
+        def value(xs: tuple) -> float:
+            self.nfev += 1
+            return _scalar(self.fun(layout.pack(xs), *self.args), "fun")
+
+        f0 = value(arrays)
+        grads = []
+        for i, a in enumerate(arrays):
+            dtype = a.dtype
+            x = a.reshape(-1).astype(np.float64)
+            sign = np.where(x >= 0, 1.0, -1.0)
+            h = math.sqrt(float(np.finfo(dtype).eps)) * sign * np.maximum(1.0, np.abs(x))
+            x_h = (x + h).astype(dtype)
+            dx = x_h.astype(np.float64) - x
+            g = np.empty(x.size, dtype=np.float64)
+            for j in range(x.size):
+                perturbed = a.reshape(-1).copy()
+                perturbed[j] = x_h[j]
+                xs = arrays[:i] + (perturbed.reshape(a.shape),) + arrays[i + 1 :]
+                g[j] = (value(xs) - f0) / dx[j]
+            grads.append(g.reshape(a.shape).astype(dtype))
+        return f0, tuple(grads)
+
+
+class _Sampler:
+    """Mini-batch indices: i.i.d. with replacement, or epochs of random reshuffling."""
+
+    def __init__(self, n: int, batch_size: int, seed: Any, replace: bool):
+        self.n, self.batch_size, self.replace = n, batch_size, replace
+        self.rng = np.random.default_rng(seed)
+        self.perm = np.empty(0, dtype=np.int64)
+        self.pos = 0
+
+    def __call__(self) -> np.ndarray:
+        if self.replace:
+            return self.rng.integers(0, self.n, size=self.batch_size)
+        if self.pos >= self.perm.size:
+            self.perm = self.rng.permutation(self.n)
+            self.pos = 0
+        # The last batch of an epoch may be smaller (torch's drop_last=False).
+        idx = self.perm[self.pos : self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return idx
+
+
+def _beta_to_numpy(beta: Any) -> Any:
+    if isinstance(beta, tuple):
+        return np.array([float(b) for b in beta])
+    return float(beta)
+
+
+def _wrap_callback(callback: Callable | None) -> Callable | None:
+    if callback is None:
+        return None
+    if not callable(callback):
+        raise TypeError(
+            "callback must be callable (callback(intermediate_result) or callback(xk)) "
+            f"or None; got callback={callback!r}"
+        )
+    try:
+        params = set(inspect.signature(callback).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    if params == {"intermediate_result"}:
+        return lambda res: callback(intermediate_result=res)
+    return lambda res: callback(res.x)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _run(
+    fun,
+    x0,
+    args,
+    jac,
+    callback,
+    *,
+    step,
+    maxiter,
+    gtol,
+    is_am,
+    stochastic=False,
+    batch_size=None,
+    default_batch=False,
+    seed=None,
+    replace=False,
+    weight_decay=0.0,
+    decay_in_f=False,
+) -> OptimizeResult:
+    """The loop shared by every method.
+
+    ``step(xs, gs, f, state) -> (xs, state, beta)`` is one core step; ``state``
+    starts as ``None``.
+
+    ``weight_decay`` is coupled decay :math:`\\mu` applied here: ``step`` and the
+    ``gtol`` test get the gradient :math:`g + \\mu x` of
+    :math:`F = f + \\frac{\\mu}{2}\\|x\\|^2`, and ``f`` is :math:`F` when
+    ``decay_in_f`` (for an exact numerator), else :math:`f`. The result and the
+    callback report :math:`f` and :math:`g`, the values of ``fun`` and ``jac``.
+    ``default_batch``: sample ``min(DEFAULT_BATCH_SIZE, fun.n_samples)`` per batch
+    when ``fun`` is a FiniteSum and ``batch_size`` is None.
+    """
+    maxiter = check_int("maxiter", maxiter, 0)
+    gtol = check_nonnegative("gtol", gtol)
+    replace = check_bool("replace", replace)
+    layout = _Layout(x0)
+    obj = _Objective(fun, jac, args, layout)
+    cb = _wrap_callback(callback)
+    sampler = None
+    if default_batch and batch_size is None and obj.finite_sum:
+        batch_size = min(DEFAULT_BATCH_SIZE, obj.n_samples)
+    if batch_size is not None:
+        if not obj.finite_sum:
+            raise ValueError(
+                f"batch_size={batch_size!r} needs fun to be a FiniteSum (an object with "
+                "n_samples, value_and_grad and batch_value_and_grad); got a callable"
+            )
+        batch_size = check_int("batch_size", batch_size, 1)
+        n = obj.n_samples
+        if batch_size > n and not replace:
+            raise ValueError(
+                f"batch_size must be an integer in [1, {n}]; got batch_size={batch_size}: "
+                f"without replacement a mini-batch holds at most fun.n_samples = {n} "
+                "samples (replace=True samples with replacement)"
+            )
+        sampler = _Sampler(n, batch_size, seed, replace)
+    else:
+        ignored = [
+            name for name, given in (("seed", seed is not None), ("replace", replace)) if given
+        ]
+        if ignored:
+            warnings.warn(
+                f"{' and '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored: "
+                "only mini-batch sampling uses them, and it needs a FiniteSum fun (and, for "
+                "the Adam family, batch_size)",
+                OptimizeWarning,
+                stacklevel=4,
+            )
+    wd = weight_decay
+
+    def coupled(arrays: tuple, f: float, gs: tuple) -> tuple[float, tuple]:
+        # (f, g) of the method: those of F = f + wd/2 |x|^2 under coupled decay
+        if wd == 0:
+            return f, gs
+        f_step = f + 0.5 * wd * layout.sq_norm(arrays) if decay_in_f else f
+        return f_step, tuple(g + wd * x for g, x in zip(gs, arrays, strict=True))
+
+    def gnorm_of(arrays: tuple) -> float:
+        # max|g| for the gtol test; without one, only whether g is finite matters
+        if gtol > 0:
+            return layout.max_abs(arrays)
+        return 0.0 if layout.all_finite(arrays) else math.nan
+
+    xs = layout.arrays
+    state = None
+    betas: list[Any] = []
+    nit = 0
+    reason = None if layout.all_finite(xs) else "nonfinite_x0"
+
+    if sampler is None:
+        f, gs = obj(xs)
+        f_c, g_c = coupled(xs, f, gs)
+        gnorm = gnorm_of(g_c)
+        if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
+            reason = "nonfinite"
+    else:
+        f, gs, gnorm = math.nan, None, math.nan
+
+    while reason is None:
+        if sampler is None and gtol > 0 and gnorm <= gtol:
+            reason = "gtol"
+            break
+        if nit >= maxiter:
+            reason = "steps" if stochastic else "maxiter"
+            break
+        if sampler is not None:
+            f_b, g_b = obj.batch(xs, sampler())
+            f_step, g_step = coupled(xs, f_b, g_b)
+            gnorm_b = gnorm_of(g_step)
+            if not (math.isfinite(f_b) and math.isfinite(gnorm_b)):
+                reason = "nonfinite"
+                break
+            if gtol > 0 and gnorm_b <= gtol:
+                reason = "gtol"
+                break
+        else:
+            f_step, g_step = f_c, g_c
+        new_xs, state, beta = step(xs, g_step, f_step, state)
+        if not layout.all_finite(new_xs):
+            reason = "nonfinite"
+            break
+        if sampler is None:
+            f_new, g_new = obj(new_xs)
+            f_c, g_c = coupled(new_xs, f_new, g_new)
+            gnorm_new = gnorm_of(g_c)
+            if not (math.isfinite(f_new) and math.isfinite(gnorm_new)):
+                reason = "nonfinite"
+                break
+            f, gs, gnorm = f_new, g_new, gnorm_new
+        else:
+            f = f_b
+        xs = new_xs
+        nit += 1
+        if is_am:
+            betas.append(beta)
+        if cb is not None:
+            # copies: what the callback does to them cannot change the run
+            inter = OptimizeResult(x=layout.pack(layout.copy(xs)), fun=f, nit=nit)
+            if sampler is None:
+                inter["jac"] = layout.pack(layout.copy(gs))
+            if is_am:
+                inter["beta"] = _beta_to_numpy(beta)
+            try:
+                cb(inter)
+            except StopIteration:
+                reason = "callback"
+
+    if sampler is not None:
+        # The result reports the full objective at the returned iterate.
+        f, gs = obj(xs) if obj.finite_sum else (f, gs)
+    status, message = STATUS_MESSAGES[reason]
+    res = OptimizeResult(
+        x=layout.pack(xs),
+        fun=f,
+        jac=None if gs is None else layout.pack(gs),
+        nit=nit,
+        nfev=obj.nfev,
+        njev=obj.njev,
+        status=status,
+        success=status == 0,
+        message=message,
+    )
+    if is_am:
+        if betas:
+            res["betas"] = np.stack([np.asarray(_beta_to_numpy(b)) for b in betas])
+            if layout.container is None and res["betas"].ndim == 2:
+                res["betas"] = res["betas"][:, 0]
+        else:
+            res["betas"] = np.empty((0,), dtype=np.float64)
+    return res
+
+
+def _check_unknown_options(unknown: dict) -> None:
+    if unknown:
+        msg = ", ".join(map(str, unknown))
+        warnings.warn(f"Unknown solver options: {msg}", OptimizeWarning, stacklevel=4)
+
+
+def _sampling(fun, batch_size, seed, replace, gtol, *, always: bool) -> dict:
+    """Mini-batch settings for ``_run``.
+
+    The sgd-type methods (``always``) sample any FiniteSum, ``min(32, n_samples)``
+    per batch unless told otherwise; the Adam family samples only when given
+    ``batch_size``. Mini-batch runs default to ``gtol=0``, full-batch runs to ``1e-5``.
+    """
+    stochastic = always or batch_size is not None
+    if gtol is None:
+        gtol = 0.0 if stochastic else 1e-5
+    return {
+        "batch_size": batch_size,
+        "default_batch": always,
+        "seed": seed,
+        "replace": replace,
+        "gtol": gtol,
+        "stochastic": stochastic,
+    }

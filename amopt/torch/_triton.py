@@ -1,0 +1,1129 @@
+r"""Triton kernels for the AM optimizers on the GPU: multi-tensor reduce -> rule -> apply.
+
+One optimizer step over a param group is the reduce -> rule -> apply of
+:mod:`amopt._rule` in five device stages (the linearised numerator: the
+stochastic form of the rules, as the optimizers use it):
+
+1. **reduce** (one launch per parameter dtype, over every tensor of the group):
+   each program reads one chunk of one tensor and writes the chunk's partial
+   sums of the rule (:data:`amopt._rule.MOMENTUM_SUMS` ``vv, gg, dd`` for AMSGD,
+   :data:`amopt._rule.ADAM_SUMS` ``num, den, ref`` for AMAdamW) to one row of a
+   partial-sums array, accumulated in float32 (float64 for float64 scopes);
+2. **segment sum**: one program per beta scope adds its rows in a fixed order
+   (deterministic, no atomics), giving the stacked sums, shape ``(n_scopes, 3)``;
+3. **rule**: :func:`amopt._rule.momentum_beta` / :func:`amopt._rule.adam_beta`
+   with ``xp=torch`` on those sums, on the device;
+4. **apply** (one launch per dtype): the momentum and parameter update;
+5. the step counters (and, on a skipped step, nothing else) are updated.
+
+The kernels find the tensors through a table of their addresses, element
+counts and scope indices, and a block map (tensor, chunk, partial-sums row), as
+``torch``'s multi-tensor apply does. Whole chunks run without masks and, when
+every tensor is 16-byte aligned, with vector loads; the last partial chunk of
+each tensor runs in a second, masked launch. Arithmetic is float32 for
+float16 / bfloat16 / float32 parameters (float64 for float64); the state
+(``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``) is kept in the parameter
+dtype, as in ``torch.optim.AdamW(fused=True)``.
+
+No device value is read on the host: the rule runs on the device, and the
+address tables and block maps are built from the tensors' metadata (and cached).
+GradScaler's fused protocol is supported: ``grad_scale`` divides the gradients
+inside the kernels, and ``found_inf`` (nonzero) masks every store, keeps the
+running products :math:`\pi` and leaves the step counters as they were. Step
+counters may be CPU tensors (as the optimizers keep them) or device tensors.
+The one exception to the rule above: with CPU counters and ``found_inf`` on the
+GPU, the counters are put back with ``found_inf`` read on the host (one
+synchronisation, on the steps GradScaler drives); device counters avoid it.
+
+Triton is imported when a step first runs, so that ``amopt`` imports without
+it. With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's
+interpreter (slowly; this is how the tests check them without a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from amopt import _rule
+from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
+
+if TYPE_CHECKING:
+    import triton.language as tl
+else:
+    tl = None  # triton.language, bound on first use (the kernels' annotations name it)
+
+__all__ = ["available", "triton_am_adamw", "triton_amsgd"]
+
+#: Elements per tile (one vector of a program) and per program (chunk).
+BLOCK = 1024
+CHUNK = 16 * 1024
+NUM_WARPS = 4
+#: Rows of partial sums read per iteration of the segment sum.
+SEGMENT_ROWS = 128
+_K = 3  # sums per scope, for both rules
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_SGD_COLUMNS = 6  # x, g, d addresses, numel, scope, tensor index
+_ADAM_COLUMNS = 7  # x, g, d, v addresses, numel, scope, tensor index
+
+
+# --------------------------------------------------------------------------- availability
+
+
+@functools.cache
+def _triton_import_error() -> str | None:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        return str(exc)
+    return None
+
+
+def _interpret() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``)."""
+    if _triton_import_error() is not None:
+        return False
+    try:
+        from triton import knobs
+    except ImportError:  # pragma: no cover - Triton before knobs: the variable itself
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return bool(knobs.runtime.interpret)
+
+
+def available(tensors: Iterable[Tensor]) -> str | None:
+    """Whether the Triton kernels can step these tensors.
+
+    Parameters
+    ----------
+    tensors : iterable of Tensor
+        Every tensor of the step: parameters, gradients and state.
+
+    Returns
+    -------
+    str or None
+        ``None`` if the kernels can run, else the reason they cannot: Triton is
+        not installed, the tensors are not CUDA tensors on one device (CPU
+        tensors are accepted only under ``TRITON_INTERPRET=1``), a dtype other
+        than float16, bfloat16, float32 or float64, or a sparse or
+        non-contiguous tensor.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from amopt.torch._triton import available
+    >>> available([torch.zeros(3, dtype=torch.int64)]) is not None
+    True
+    """
+    error = _triton_import_error()
+    if error is not None:
+        return f"triton is not installed ({error})"
+    interpret = _interpret()
+    device = None
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            return f"expected tensors, got {type(t).__name__}"
+        if t.layout != torch.strided:
+            return f"sparse tensors are not supported (layout {t.layout})"
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            return f"the tensors are on more than one device ({device} and {t.device})"
+        if t.device.type != "cuda" and not (t.device.type == "cpu" and interpret):
+            return (
+                f"tensors on {t.device}: the Triton kernels need CUDA tensors "
+                "(CPU tensors only with TRITON_INTERPRET=1)"
+            )
+        if t.dtype not in _DTYPES:
+            return f"dtype {t.dtype} is not supported (float16, bfloat16, float32, float64)"
+        if not t.is_contiguous():
+            return f"a non-contiguous tensor (shape {tuple(t.shape)}, strides {t.stride()})"
+    return None
+
+
+# --------------------------------------------------------------------------- kernels
+# Plain functions, compiled by ``triton.jit`` on first use (see ``_kernels``): the
+# module imports without triton, and TRITON_INTERPRET is read when they are compiled.
+
+
+def _sgd_reduce(
+    tab_ptr,
+    blk_ptr,
+    tf_ptr,
+    part_ptr,
+    scale_ptr,
+    wd: tl.float64,
+    DT: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    MASKED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    HAS_WD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = tl.load(blk_ptr + 3 * pid).to(tl.int64)
+    start = tl.load(blk_ptr + 3 * pid + 1).to(tl.int64) * CHUNK
+    row = tl.load(blk_ptr + 3 * pid + 2).to(tl.int64)
+    meta = tab_ptr + 6 * t
+    x_ptr = tl.load(meta).to(tl.pointer_type(DT))
+    g_ptr = tl.load(meta + 1).to(tl.pointer_type(DT))
+    d_ptr = tl.load(meta + 2).to(tl.pointer_type(DT))
+    if ALIGNED:
+        x_ptr = tl.multiple_of(x_ptr, 16)
+        g_ptr = tl.multiple_of(g_ptr, 16)
+        d_ptr = tl.multiple_of(d_ptr, 16)
+    n = tl.load(meta + 3)
+    fresh = tl.load(tf_ptr + tl.load(meta + 5)) != 0
+    wd = tl.full((), wd, tl.float64).to(ACC)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr).to(ACC)
+    # tl.reduce with tl.sum's combine function rather than tl.sum (or tl.zeros), which are
+    # jit functions of triton.language: the interpreter runs those only if TRITON_INTERPRET
+    # was set before triton was imported, and these kernels must run in it either way
+    vv = tl.full([BLOCK], 0.0, ACC)
+    gg = tl.full([BLOCK], 0.0, ACC)
+    dd = tl.full([BLOCK], 0.0, ACC)
+    for off in range(0, CHUNK, BLOCK):
+        idx = start + off + tl.arange(0, BLOCK)
+        if MASKED:
+            m = idx < n
+            z = 0.0
+        else:
+            m = None
+            z = None
+        g = tl.load(g_ptr + idx, mask=m, other=z).to(ACC)
+        if HAS_SCALE:
+            g = g / scale
+        if MAXIMIZE:
+            g = -g
+        if HAS_WD:
+            g = g + wd * tl.load(x_ptr + idx, mask=m, other=z).to(ACC)
+        d = tl.where(fresh, g, tl.load(d_ptr + idx, mask=m, other=z).to(ACC))
+        v = d - g
+        vv += v * v
+        gg += g * g
+        dd += d * d
+    out = part_ptr + 3 * row
+    tl.store(out, tl.reduce(vv, 0, tl.standard._sum_combine))
+    tl.store(out + 1, tl.reduce(gg, 0, tl.standard._sum_combine))
+    tl.store(out + 2, tl.reduce(dd, 0, tl.standard._sum_combine))
+
+
+def _sgd_apply(
+    tab_ptr,
+    blk_ptr,
+    tf_ptr,
+    coef_ptr,
+    scale_ptr,
+    inf_ptr,
+    lr: tl.float64,
+    wd: tl.float64,
+    DT: tl.constexpr,
+    CT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    MASKED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    HAS_WD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = tl.load(blk_ptr + 3 * pid).to(tl.int64)
+    start = tl.load(blk_ptr + 3 * pid + 1).to(tl.int64) * CHUNK
+    meta = tab_ptr + 6 * t
+    x_ptr = tl.load(meta).to(tl.pointer_type(DT))
+    g_ptr = tl.load(meta + 1).to(tl.pointer_type(DT))
+    d_ptr = tl.load(meta + 2).to(tl.pointer_type(DT))
+    if ALIGNED:
+        x_ptr = tl.multiple_of(x_ptr, 16)
+        g_ptr = tl.multiple_of(g_ptr, 16)
+        d_ptr = tl.multiple_of(d_ptr, 16)
+    n = tl.load(meta + 3)
+    gamma = tl.load(coef_ptr + tl.load(meta + 4)).to(CT)
+    fresh = tl.load(tf_ptr + tl.load(meta + 5)) != 0
+    lr = tl.full((), lr, tl.float64).to(CT)
+    wd = tl.full((), wd, tl.float64).to(CT)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr).to(CT)
+    if HAS_INF:
+        ok = tl.broadcast_to(tl.load(inf_ptr), [BLOCK]) == 0
+    for off in range(0, CHUNK, BLOCK):
+        idx = start + off + tl.arange(0, BLOCK)
+        if MASKED:
+            m = idx < n
+            z = 0.0
+            if HAS_INF:
+                sm = m & ok
+            else:
+                sm = m
+        else:
+            m = None
+            z = None
+            if HAS_INF:
+                sm = ok
+            else:
+                sm = None
+        g = tl.load(g_ptr + idx, mask=m, other=z).to(CT)
+        x = tl.load(x_ptr + idx, mask=m, other=z).to(CT)
+        if HAS_SCALE:
+            g = g / scale
+        if MAXIMIZE:
+            g = -g
+        if HAS_WD:
+            g = g + wd * x
+        d = tl.where(fresh, g, tl.load(d_ptr + idx, mask=m, other=z).to(CT))
+        d = g + gamma * (d - g)  # exact when d = g
+        x = x - lr * d
+        tl.store(d_ptr + idx, d.to(DT), mask=sm)
+        tl.store(x_ptr + idx, x.to(DT), mask=sm)
+
+
+def _adam_reduce(
+    tab_ptr,
+    blk_ptr,
+    tf_ptr,
+    c_ptr,
+    part_ptr,
+    scale_ptr,
+    beta2: tl.float64,
+    omb2: tl.float64,
+    eps: tl.float64,
+    lam: tl.float64,
+    l2: tl.float64,
+    a0: tl.float64,
+    a1: tl.float64,
+    a2: tl.float64,
+    a3: tl.float64,
+    a4: tl.float64,
+    DT: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    MASKED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    L2: tl.constexpr,
+    HAS_WD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = tl.load(blk_ptr + 3 * pid).to(tl.int64)
+    start = tl.load(blk_ptr + 3 * pid + 1).to(tl.int64) * CHUNK
+    row = tl.load(blk_ptr + 3 * pid + 2).to(tl.int64)
+    meta = tab_ptr + 7 * t
+    x_ptr = tl.load(meta).to(tl.pointer_type(DT))
+    g_ptr = tl.load(meta + 1).to(tl.pointer_type(DT))
+    d_ptr = tl.load(meta + 2).to(tl.pointer_type(DT))
+    v_ptr = tl.load(meta + 3).to(tl.pointer_type(DT))
+    if ALIGNED:
+        x_ptr = tl.multiple_of(x_ptr, 16)
+        g_ptr = tl.multiple_of(g_ptr, 16)
+        d_ptr = tl.multiple_of(d_ptr, 16)
+        v_ptr = tl.multiple_of(v_ptr, 16)
+    n = tl.load(meta + 4)
+    c = tl.load(c_ptr + tl.load(meta + 5)).to(ACC)
+    bias2 = tl.load(tf_ptr + tl.load(meta + 6)).to(ACC)
+    beta2 = tl.full((), beta2, tl.float64).to(ACC)
+    omb2 = tl.full((), omb2, tl.float64).to(ACC)
+    eps = tl.full((), eps, tl.float64).to(ACC)
+    lam = tl.full((), lam, tl.float64).to(ACC)
+    l2 = tl.full((), l2, tl.float64).to(ACC)
+    a0 = tl.full((), a0, tl.float64).to(ACC)
+    a1 = tl.full((), a1, tl.float64).to(ACC)
+    a2 = tl.full((), a2, tl.float64).to(ACC)
+    a3 = tl.full((), a3, tl.float64).to(ACC)
+    a4 = tl.full((), a4, tl.float64).to(ACC)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr).to(ACC)
+    num = tl.full([BLOCK], 0.0, ACC)
+    den = tl.full([BLOCK], 0.0, ACC)
+    ref = tl.full([BLOCK], 0.0, ACC)
+    for off in range(0, CHUNK, BLOCK):
+        idx = start + off + tl.arange(0, BLOCK)
+        if MASKED:
+            m = idx < n
+            z = 0.0
+        else:
+            m = None
+            z = None
+        g = tl.load(g_ptr + idx, mask=m, other=z).to(ACC)
+        if HAS_SCALE:
+            g = g / scale
+        if MAXIMIZE:
+            g = -g
+        if L2 or HAS_WD:
+            x = tl.load(x_ptr + idx, mask=m, other=z).to(ACC)
+        if L2:
+            g = g + l2 * x
+        d = tl.load(d_ptr + idx, mask=m, other=z).to(ACC)
+        v = tl.load(v_ptr + idx, mask=m, other=z).to(ACC)
+        v = v * beta2 + omb2 * g * g
+        if ACC == tl.float64:
+            p = c * (tl.sqrt(v / bias2) + eps)
+        else:
+            p = c * (tl.sqrt_rn(v / bias2) + eps)
+        u = 1.0 / (1.0 + lam * p)
+        w = u / p
+        dg = d - g
+        terms = a0 * (g * g / p) + a1 * (u * dg * dg)
+        if HAS_WD:
+            terms += a2 * (g * d / p) + a3 * (g * x) + a4 * (d * x)
+        wvv = w * dg * dg
+        wref = w * d * d + w * g * g
+        if MASKED:  # p may be 0 on the padding (eps = 0): keep its 0/0 out of the sums
+            terms = tl.where(m, terms, 0.0)
+            wvv = tl.where(m, wvv, 0.0)
+            wref = tl.where(m, wref, 0.0)
+        num += terms
+        den += wvv
+        ref += wref
+    out = part_ptr + 3 * row
+    tl.store(out, tl.reduce(num, 0, tl.standard._sum_combine))
+    tl.store(out + 1, tl.reduce(den, 0, tl.standard._sum_combine))
+    tl.store(out + 2, tl.reduce(ref, 0, tl.standard._sum_combine))
+
+
+def _adam_apply(
+    tab_ptr,
+    blk_ptr,
+    tf_ptr,
+    c_ptr,
+    beta_ptr,
+    scale_ptr,
+    inf_ptr,
+    beta2: tl.float64,
+    omb2: tl.float64,
+    eps: tl.float64,
+    lam: tl.float64,
+    l2: tl.float64,
+    lr: tl.float64,
+    decay: tl.float64,
+    DT: tl.constexpr,
+    CT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    MASKED: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    L2: tl.constexpr,
+    DECAY: tl.constexpr,
+):
+    # DECAY: 0 none, 1 decoupled x <- decay * x - lr d/p, 2 proximal x <- (x - lr d/p) / decay
+    pid = tl.program_id(0)
+    t = tl.load(blk_ptr + 3 * pid).to(tl.int64)
+    start = tl.load(blk_ptr + 3 * pid + 1).to(tl.int64) * CHUNK
+    meta = tab_ptr + 7 * t
+    x_ptr = tl.load(meta).to(tl.pointer_type(DT))
+    g_ptr = tl.load(meta + 1).to(tl.pointer_type(DT))
+    d_ptr = tl.load(meta + 2).to(tl.pointer_type(DT))
+    v_ptr = tl.load(meta + 3).to(tl.pointer_type(DT))
+    if ALIGNED:
+        x_ptr = tl.multiple_of(x_ptr, 16)
+        g_ptr = tl.multiple_of(g_ptr, 16)
+        d_ptr = tl.multiple_of(d_ptr, 16)
+        v_ptr = tl.multiple_of(v_ptr, 16)
+    n = tl.load(meta + 4)
+    scope = tl.load(meta + 5)
+    c = tl.load(c_ptr + scope).to(CT)
+    beta = tl.load(beta_ptr + scope).to(CT)
+    bias2 = tl.load(tf_ptr + tl.load(meta + 6)).to(CT)
+    beta2 = tl.full((), beta2, tl.float64).to(CT)
+    omb2 = tl.full((), omb2, tl.float64).to(CT)
+    eps = tl.full((), eps, tl.float64).to(CT)
+    lam = tl.full((), lam, tl.float64).to(CT)
+    l2 = tl.full((), l2, tl.float64).to(CT)
+    lr = tl.full((), lr, tl.float64).to(CT)
+    decay = tl.full((), decay, tl.float64).to(CT)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr).to(CT)
+    if HAS_INF:
+        ok = tl.broadcast_to(tl.load(inf_ptr), [BLOCK]) == 0
+    for off in range(0, CHUNK, BLOCK):
+        idx = start + off + tl.arange(0, BLOCK)
+        if MASKED:
+            m = idx < n
+            z = 0.0
+            if HAS_INF:
+                sm = m & ok
+            else:
+                sm = m
+        else:
+            m = None
+            z = None
+            if HAS_INF:
+                sm = ok
+            else:
+                sm = None
+        g = tl.load(g_ptr + idx, mask=m, other=z).to(CT)
+        x = tl.load(x_ptr + idx, mask=m, other=z).to(CT)
+        if HAS_SCALE:
+            g = g / scale
+        if MAXIMIZE:
+            g = -g
+        if L2:
+            g = g + l2 * x
+        d = tl.load(d_ptr + idx, mask=m, other=z).to(CT)
+        v = tl.load(v_ptr + idx, mask=m, other=z).to(CT)
+        v = v * beta2 + omb2 * g * g
+        if CT == tl.float64:
+            p = c * (tl.sqrt(v / bias2) + eps)
+        else:
+            p = c * (tl.sqrt_rn(v / bias2) + eps)
+        lam_p = lam * p
+        d = g + (beta + lam_p) / (1.0 + lam_p) * (d - g)
+        if DECAY == 1:
+            x = x * decay
+        x = x - lr * d / p
+        if DECAY == 2:
+            x = x / decay
+        tl.store(v_ptr + idx, v.to(DT), mask=sm)
+        tl.store(d_ptr + idx, d.to(DT), mask=sm)
+        tl.store(x_ptr + idx, x.to(DT), mask=sm)
+
+
+def _segment_sum(
+    part_ptr,
+    seg_ptr,
+    out_ptr,
+    ACC: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # rows [seg[s], seg[s+1]) of the partial sums, added in a fixed order
+    s = tl.program_id(0)
+    lo = tl.load(seg_ptr + s)
+    hi = tl.load(seg_ptr + s + 1)
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, KP)
+    acc = tl.full([ROWS, KP], 0.0, ACC)
+    for r in range(lo, hi, ROWS):
+        rr = r + rows
+        m = (rr < hi)[:, None] & (cols < K)[None, :]
+        acc += tl.load(part_ptr + rr[:, None] * K + cols[None, :], mask=m, other=0.0)
+    tl.store(out_ptr + s * K + cols, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cols < K)
+
+
+@functools.cache
+def _kernels(interpret: bool) -> dict[str, Any]:
+    """The kernels compiled by ``triton.jit`` (interpreted ones under ``TRITON_INTERPRET``)."""
+    global tl
+    import triton
+    import triton.language
+
+    tl = triton.language
+    fns = (_sgd_reduce, _sgd_apply, _adam_reduce, _adam_apply, _segment_sum)
+    kernels: dict[str, Any] = {fn.__name__.lstrip("_"): triton.jit(fn) for fn in fns}
+    kernels["dtypes"] = {
+        torch.float16: tl.float16,
+        torch.bfloat16: tl.bfloat16,
+        torch.float32: tl.float32,
+        torch.float64: tl.float64,
+    }
+    return kernels
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclasses.dataclass
+class _Launch:
+    """The tensors of one dtype: their address table and block maps."""
+
+    dtype: torch.dtype
+    acc: torch.dtype  # the accumulation dtype of the sums this launch writes
+    array: int  # index of that sums array
+    members: list[int]  # the tensors (indices into the step's lists), in table order
+    full: Tensor  # int32 (n_full, 3): table row, chunk, partial-sums row
+    tail: Tensor  # int32 (n_tail, 3), the last, partial chunk of each tensor
+    n_full: int
+    n_tail: int
+    table: Tensor | None = None  # int64 (n, columns): addresses, numel, scope, tensor index
+    aligned: bool = True
+
+
+@dataclasses.dataclass
+class _Plan:
+    launches: list[_Launch]
+    arrays: list[tuple[torch.dtype, int, Tensor, int]]  # (acc, partial rows, segments, scopes)
+    scope_of: list[tuple[int, int]]  # per tensor: (sums array, scope)
+
+
+#: Layouts (block maps, scopes) by sizes and dtypes; address tables by addresses. Both
+#: are small device tensors, built once in steady training.
+_LAYOUTS: dict[tuple, _Plan] = {}
+_TABLES: dict[tuple, tuple[Tensor, bool]] = {}
+_CACHE_SIZE = 8
+
+
+def _remember(cache: dict, key: tuple, value: Any) -> Any:
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
+
+
+def _acc_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
+    return torch.float64 if torch.float64 in set(dtypes) else torch.float32
+
+
+def _host_to(t: Tensor, device: torch.device) -> Tensor:
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _layout(
+    device: torch.device, per_layer: bool, sizes: tuple[tuple[torch.dtype, int], ...]
+) -> _Plan:
+    """Launches (one per dtype), block maps and the scopes' rows of partial sums."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, (dtype, _) in enumerate(sizes):
+        by_dtype.setdefault(dtype, []).append(i)
+    scope_of: list[tuple[int, int]] = [(0, 0)] * len(sizes)
+    arrays: list[tuple[torch.dtype, int, Tensor, int]] = []
+    launches: list[_Launch] = []
+    global_acc = _acc_dtype(by_dtype)
+    global_rows = 0
+    for dtype, members in by_dtype.items():
+        if per_layer:
+            array, acc, row0 = len(arrays), _acc_dtype([dtype]), 0
+        else:
+            array, acc, row0 = 0, global_acc, global_rows
+        numels = torch.tensor([sizes[i][1] for i in members], dtype=torch.int64)
+        whole = numels // CHUNK
+        has_tail = numels % CHUNK != 0
+        rows = torch.cat([torch.zeros(1, dtype=torch.int64), whole + has_tail]).cumsum(0) + row0
+        tensor = torch.repeat_interleave(torch.arange(len(members)), whole)
+        first = torch.repeat_interleave(whole.cumsum(0) - whole, whole)
+        chunk = torch.arange(int(whole.sum())) - first  # chunk index within its tensor
+        full = torch.stack([tensor, chunk, rows[tensor] + chunk], 1).to(torch.int32)
+        tails = torch.nonzero(has_tail).flatten()
+        tail = torch.stack([tails, whole[tails], rows[tails] + whole[tails]], 1).to(torch.int32)
+        for k, i in enumerate(members):
+            scope_of[i] = (array, k if per_layer else 0)
+        launches.append(
+            _Launch(
+                dtype=dtype,
+                acc=acc,
+                array=array,
+                members=members,
+                full=_host_to(full.contiguous(), device),
+                tail=_host_to(tail.contiguous(), device),
+                n_full=full.shape[0],
+                n_tail=tail.shape[0],
+            )
+        )
+        if per_layer:
+            segments = _host_to(rows.to(torch.int32), device)
+            arrays.append((acc, int(rows[-1]), segments, len(members)))
+        else:
+            global_rows = int(rows[-1])
+    if not per_layer:
+        segments = _host_to(torch.tensor([0, global_rows], dtype=torch.int32), device)
+        arrays.append((global_acc, global_rows, segments, 1))
+    return _Plan(launches=launches, arrays=arrays, scope_of=scope_of)
+
+
+def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool) -> _Plan:
+    """The plan of a step over tensors ``i`` described by ``columns[k][i]`` for every ``k``.
+
+    ``columns[0]`` are the parameters. The layout is cached by dtypes, sizes and
+    chunk size; each launch's table of addresses by the addresses (gradients set
+    to ``None`` between steps may come back elsewhere: only the table is rebuilt).
+    """
+    params = columns[0]
+    device = params[0].device
+    sizes = tuple((p.dtype, p.numel()) for p in params)
+    key = (device, per_layer, CHUNK, sizes)
+    layout = _LAYOUTS.get(key) or _remember(_LAYOUTS, key, _layout(device, per_layer, sizes))
+    launches = []
+    for launch in layout.launches:
+        rows = [[col[i].data_ptr() for col in columns] for i in launch.members]
+        tkey = (device, per_layer, tuple(launch.members), tuple(map(tuple, rows)))
+        cached = _TABLES.get(tkey)
+        if cached is None:
+            table = [
+                [*ptrs, sizes[i][1], layout.scope_of[i][1], i]
+                for ptrs, i in zip(rows, launch.members, strict=True)
+            ]
+            aligned = all(ptr % 16 == 0 for ptrs in rows for ptr in ptrs)
+            cached = (_host_to(torch.tensor(table, dtype=torch.int64), device), aligned)
+            _remember(_TABLES, tkey, cached)
+        launches.append(dataclasses.replace(launch, table=cached[0], aligned=cached[1]))
+    return dataclasses.replace(layout, launches=launches)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _check_lists(name: str, params: Sequence[Tensor], **lists: Sequence[Any]) -> None:
+    for key, values in lists.items():
+        if len(values) != len(params):
+            raise ValueError(
+                f"{name}: {key} has {len(values)} entries for {len(params)} parameters"
+            )
+
+
+def _check_like(name: str, params: Sequence[Tensor], **lists: Sequence[Tensor | None]) -> None:
+    for key, values in lists.items():
+        for i, (p, t) in enumerate(zip(params, values, strict=True)):
+            if t is None:
+                continue
+            if t.shape != p.shape or t.dtype != p.dtype:
+                raise ValueError(
+                    f"{name}: {key}[{i}] has shape {tuple(t.shape)} and dtype {t.dtype}; "
+                    f"its parameter has shape {tuple(p.shape)} and dtype {p.dtype}"
+                )
+
+
+def _require(name: str, tensors: Iterable[Tensor]) -> None:
+    reason = available(tensors)
+    if reason is not None:
+        raise ValueError(f"{name} cannot run on these tensors: {reason}")
+
+
+def _scaler_tensor(name: str, value: Tensor | None, device: torch.device) -> Tensor | None:
+    if value is None:
+        return None
+    if not isinstance(value, Tensor) or value.numel() != 1:
+        raise TypeError(f"{name} must be None or a one-element tensor; got {value!r}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device}; the parameters are on {device}")
+    return value.reshape(())
+
+
+def _stacked_steps(state_steps: Sequence[Tensor], device: torch.device) -> Tensor:
+    """The step counters (before this step) as one float64 tensor on ``device``."""
+    devices = {s.device for s in state_steps}
+    if len(devices) == 1:
+        steps = torch.stack([s.detach().reshape(()) for s in state_steps]).to(torch.float64)
+        return steps if steps.device == device else _host_to(steps, device)
+    return torch.stack([s.detach().reshape(()).to(device, torch.float64) for s in state_steps])
+
+
+def _count_step(state_steps: Sequence[Tensor], found_inf: Tensor | None) -> None:
+    """``step += 1``, or, on a skipped step (``found_inf`` nonzero), no change."""
+    torch._foreach_add_(list(state_steps), 1.0)
+    if found_inf is None:
+        return
+    same = [s for s in state_steps if s.device == found_inf.device]
+    other = [s for s in state_steps if s.device != found_inf.device]
+    if same:
+        torch._foreach_sub_(same, [found_inf] * len(same))
+    if other:
+        # host counters with a device found_inf: the only value read on the host
+        value = found_inf.to(other[0].device)
+        torch._foreach_sub_(other, [value] * len(other))
+
+
+def _launch_options(interpret: bool) -> dict[str, Any]:
+    return {} if interpret else {"num_warps": NUM_WARPS, "enable_fp_fusion": True}
+
+
+def _reduce_and_sum(
+    plan: _Plan,
+    device: torch.device,
+    launch_reduce: Any,
+    kernels: dict[str, Any],
+    options: dict[str, Any],
+) -> list[Tensor]:
+    """Partial sums of every block, then the sums of each scope: one array per ``plan.arrays``."""
+    partials = [
+        torch.empty((max(rows, 1), _K), dtype=acc, device=device)
+        for acc, rows, _, _ in plan.arrays
+    ]
+    for launch in plan.launches:
+        for blocks, count, masked in (
+            (launch.full, launch.n_full, False),
+            (launch.tail, launch.n_tail, True),
+        ):
+            if count:
+                launch_reduce(launch, blocks, count, masked, partials[launch.array])
+    sums = []
+    for (acc, _, segments, n_scopes), part in zip(plan.arrays, partials, strict=True):
+        out = torch.empty((n_scopes, _K), dtype=acc, device=device)
+        kernels["segment_sum"][(n_scopes,)](
+            part,
+            segments,
+            out,
+            ACC=kernels["dtypes"][acc],
+            K=_K,
+            KP=4,
+            ROWS=SEGMENT_ROWS,
+            **options,
+        )
+        sums.append(out)
+    return sums
+
+
+def triton_amsgd(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    *,
+    lr: float,
+    weight_decay: float,
+    maximize: bool,
+    config: AMConfig,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+) -> list[Tensor]:
+    r"""AMSGD (AM-MSGD) step over one param group with the Triton kernels, in place.
+
+    The same step as ``amsgd(..., foreach=False)`` (``docs/algorithms.md``,
+    section 2, linearised numerator): :math:`g \leftarrow g + \mu x`, ``d = g`` on
+    the first step, :math:`\beta, \gamma` from the sums ``<v,v>, <g,g>, <d,d>``
+    (:func:`amopt._rule.momentum_beta`), :math:`d \leftarrow g + \gamma (d - g)`,
+    :math:`x \leftarrow x - \eta d`.
+
+    Parameters
+    ----------
+    params, grads : list of Tensor
+        Parameters (updated in place) and their gradients: contiguous, same shape
+        and dtype, on one CUDA device (see :func:`available`).
+    momentum_buffer_list : list of Tensor or None
+        Momentum buffers :math:`d` in the parameter dtype, updated in place; a
+        ``None`` entry is replaced by a new buffer (the first step, ``d = g``).
+        A buffer whose step counter is 0 is also treated as a first step.
+    state_steps : list of Tensor
+        0-d step counters (CPU or device), incremented in place (not on a skipped step).
+    lr, weight_decay : float
+        :math:`\eta \ge 0` and the coupled L2 decay :math:`\mu \ge 0`.
+    maximize : bool
+        Ascend instead of descend.
+    config : AMConfig
+        ``lam``, ``beta_max``, ``per_layer`` (one beta per tensor) and the variant.
+        The numerator is always the linearised one.
+    grad_scale : Tensor, optional
+        One-element tensor: the gradients are divided by it (GradScaler's scale).
+    found_inf : Tensor, optional
+        One-element tensor; nonzero skips the step: parameters, buffers and step
+        counters keep their values.
+
+    Returns
+    -------
+    list of Tensor
+        The 0-d beta of each parameter's scope, in the accumulation dtype (one
+        tensor shared by every parameter when ``config.per_layer`` is False).
+    """
+    name = "triton_amsgd"
+    _check_lists(
+        name,
+        params,
+        grads=grads,
+        momentum_buffer_list=momentum_buffer_list,
+        state_steps=state_steps,
+    )
+    if not isinstance(config, AMConfig):
+        raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
+    lr = check_nonnegative("lr", lr)
+    weight_decay = check_nonnegative("weight_decay", weight_decay)
+    maximize = check_bool("maximize", maximize)
+    n = len(params)
+    if n == 0:
+        return []
+    _check_like(name, params, grads=grads, momentum_buffer_list=momentum_buffer_list)
+    _require(name, [*params, *grads, *(b for b in momentum_buffer_list if b is not None)])
+    device = params[0].device
+    grad_scale = _scaler_tensor("grad_scale", grad_scale, device)
+    found_inf = _scaler_tensor("found_inf", found_inf, device)
+
+    kernels = _kernels(_interpret())
+    options = _launch_options(_interpret())
+    tl_dtypes = kernels["dtypes"]
+    with torch.no_grad():
+        new = [b is None for b in momentum_buffer_list]
+        for i in range(n):
+            if new[i]:
+                momentum_buffer_list[i] = torch.zeros_like(params[i])
+        fresh = _stacked_steps(state_steps, device) == 0
+        if any(new):
+            fresh = fresh | _host_to(torch.tensor(new), device)
+        fresh = fresh.to(torch.float64)
+        bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
+        plan = _plan([params, grads, bufs], config.per_layer)
+        dummy = fresh
+        scale = grad_scale if grad_scale is not None else dummy
+        inf = found_inf if found_inf is not None else dummy
+        has_wd = weight_decay != 0
+
+        def launch_reduce(
+            launch: _Launch, blocks: Tensor, count: int, masked: bool, part: Tensor
+        ) -> None:
+            kernels["sgd_reduce"][(count,)](
+                launch.table,
+                blocks,
+                fresh,
+                part,
+                scale,
+                weight_decay,
+                DT=tl_dtypes[launch.dtype],
+                ACC=tl_dtypes[launch.acc],
+                BLOCK=BLOCK,
+                CHUNK=CHUNK,
+                MASKED=masked,
+                ALIGNED=launch.aligned,
+                HAS_SCALE=grad_scale is not None,
+                MAXIMIZE=maximize,
+                HAS_WD=has_wd,
+                **options,
+            )
+
+        sums = _reduce_and_sum(plan, device, launch_reduce, kernels, options)
+        rule = [_rule.momentum_beta(torch, s, config) for s in sums]
+        for launch in plan.launches:
+            gamma = rule[launch.array][1]
+            ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
+            for blocks, count, masked in (
+                (launch.full, launch.n_full, False),
+                (launch.tail, launch.n_tail, True),
+            ):
+                if count:
+                    kernels["sgd_apply"][(count,)](
+                        launch.table,
+                        blocks,
+                        fresh,
+                        gamma,
+                        scale,
+                        inf,
+                        lr,
+                        weight_decay,
+                        DT=tl_dtypes[launch.dtype],
+                        CT=ct,
+                        BLOCK=BLOCK,
+                        CHUNK=CHUNK,
+                        MASKED=masked,
+                        ALIGNED=launch.aligned,
+                        HAS_SCALE=grad_scale is not None,
+                        HAS_INF=found_inf is not None,
+                        MAXIMIZE=maximize,
+                        HAS_WD=has_wd,
+                        **options,
+                    )
+        _count_step(state_steps, found_inf)
+        return _per_tensor([beta for beta, _ in rule], plan, config.per_layer)
+
+
+def _per_tensor(arrays: Sequence[Tensor], plan: _Plan, per_layer: bool) -> list[Tensor]:
+    """Entry ``scope`` of ``arrays[array]`` for each tensor; one shared 0-d tensor if global."""
+    if not per_layer:
+        shared = arrays[0][0]
+        return [shared] * len(plan.scope_of)
+    views = [list(a.unbind()) for a in arrays]
+    return [views[a][s] for a, s in plan.scope_of]
+
+
+def triton_am_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    *,
+    lr: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    weight_decay_mode: str,
+    maximize: bool,
+    config: AMConfig,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+) -> tuple[list[Tensor], list[Tensor]]:
+    r"""AM-AdamW / AM-Adam step over one param group with the Triton kernels, in place.
+
+    The same step as ``am_adamw(..., foreach=False)`` (``docs/algorithms.md``,
+    section 3): :math:`v \leftarrow \beta_2 v + (1-\beta_2) g^2`,
+    :math:`p = c(\epsilon + \sqrt{v/(1-\beta_2^t)})` with :math:`c = 1 -
+    \beta_{1,\max}\pi`, the sums ``N, D, ref`` (:func:`amopt._rule.adam_weights`),
+    :math:`\beta` from :func:`amopt._rule.adam_beta`, :math:`d \leftarrow g +
+    \frac{\beta + \lambda p}{1 + \lambda p}(d - g)`, then the decay and
+    :math:`x \leftarrow x - \eta d / p`, and :math:`\pi \leftarrow \pi\beta`.
+
+    Parameters
+    ----------
+    params, grads : list of Tensor
+        Parameters (updated in place) and their gradients: contiguous, same shape
+        and dtype, on one CUDA device (see :func:`available`).
+    exp_avgs, exp_avg_sqs : list of Tensor
+        :math:`d` and :math:`v` in the parameter dtype (zeros before the first
+        step), updated in place.
+    state_steps : list of Tensor
+        0-d step counters (CPU or device), incremented in place (not on a skipped step).
+    beta1_prods : list of Tensor
+        0-d running products :math:`\pi` (ones before the first step); with a
+        global scope the first entry is the scope's product.
+    lr, beta2, eps, weight_decay : float
+        As in :class:`~amopt.torch.AMAdamW`.
+    weight_decay_mode : {"decoupled", "proximal", "l2"}
+        ``"l2"`` is AM-Adam: :math:`\mu x` is added to the gradient first, and the
+        rule and update see no decay.
+    maximize : bool
+        Ascend instead of descend.
+    config : AMConfig
+        ``lam``, ``beta_max`` (:math:`\beta_{1,\max}`), ``per_layer`` and the
+        variant. The numerator is always the linearised one.
+    grad_scale : Tensor, optional
+        One-element tensor: the gradients are divided by it (GradScaler's scale).
+    found_inf : Tensor, optional
+        One-element tensor; nonzero skips the step: parameters, moments, step
+        counters and products keep their values.
+
+    Returns
+    -------
+    betas, beta1_prods : list of Tensor
+        Per parameter, the 0-d beta of its scope and the scope's new product, in
+        the accumulation dtype (shared tensors when ``config.per_layer`` is False).
+        On a skipped step the betas are not applied and the products are the old ones.
+    """
+    name = "triton_am_adamw"
+    _check_lists(
+        name,
+        params,
+        grads=grads,
+        exp_avgs=exp_avgs,
+        exp_avg_sqs=exp_avg_sqs,
+        state_steps=state_steps,
+        beta1_prods=beta1_prods,
+    )
+    if not isinstance(config, AMConfig):
+        raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
+    check_choice("weight_decay_mode", weight_decay_mode, _rule.WEIGHT_DECAY_MODES)
+    lr = check_nonnegative("lr", lr)
+    beta2 = check_nonnegative("beta2", beta2)
+    eps = check_nonnegative("eps", eps)
+    weight_decay = check_nonnegative("weight_decay", weight_decay)
+    maximize = check_bool("maximize", maximize)
+    n = len(params)
+    if n == 0:
+        return [], []
+    _check_like(name, params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs)
+    _require(name, [*params, *grads, *exp_avgs, *exp_avg_sqs])
+    device = params[0].device
+    grad_scale = _scaler_tensor("grad_scale", grad_scale, device)
+    found_inf = _scaler_tensor("found_inf", found_inf, device)
+
+    kernels = _kernels(_interpret())
+    options = _launch_options(_interpret())
+    tl_dtypes = kernels["dtypes"]
+    l2 = weight_decay if weight_decay_mode == "l2" else 0.0
+    wd = 0.0 if weight_decay_mode == "l2" else weight_decay
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
+    if wd == 0:
+        decay_mode, decay = 0, 1.0
+    elif weight_decay_mode == "proximal":
+        decay_mode, decay = 2, 1.0 + lr * wd
+    else:
+        decay_mode, decay = 1, 1.0 - lr * wd
+    lam = float(config.lam)
+    with torch.no_grad():
+        bias2 = 1.0 - torch.pow(beta2, _stacked_steps(state_steps, device) + 1.0)
+        plan = _plan([params, grads, exp_avgs, exp_avg_sqs], config.per_layer)
+        members: list[list[int]] = [[] for _ in plan.arrays]
+        for i, (a, s) in enumerate(plan.scope_of):
+            if len(members[a]) <= s:
+                members[a].append(i)
+        prods = [
+            torch.stack([beta1_prods[i].detach().reshape(()).to(device, acc) for i in idx])
+            for idx, (acc, *_) in zip(members, plan.arrays, strict=True)
+        ]
+        corrections = [_rule.adam_correction(prod, config) for prod in prods]
+        dummy = bias2
+        scale = grad_scale if grad_scale is not None else dummy
+        inf = found_inf if found_inf is not None else dummy
+        flags = {
+            "HAS_SCALE": grad_scale is not None,
+            "MAXIMIZE": maximize,
+            "L2": l2 != 0,
+        }
+
+        def launch_reduce(
+            launch: _Launch, blocks: Tensor, count: int, masked: bool, part: Tensor
+        ) -> None:
+            kernels["adam_reduce"][(count,)](
+                launch.table,
+                blocks,
+                bias2,
+                corrections[launch.array],
+                part,
+                scale,
+                beta2,
+                1.0 - beta2,
+                eps,
+                lam,
+                l2,
+                *weights,
+                DT=tl_dtypes[launch.dtype],
+                ACC=tl_dtypes[launch.acc],
+                BLOCK=BLOCK,
+                CHUNK=CHUNK,
+                MASKED=masked,
+                ALIGNED=launch.aligned,
+                HAS_WD=wd != 0,
+                **flags,
+                **options,
+            )
+
+        sums = _reduce_and_sum(plan, device, launch_reduce, kernels, options)
+        betas = [_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd) for s in sums]
+        for launch in plan.launches:
+            ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
+            for blocks, count, masked in (
+                (launch.full, launch.n_full, False),
+                (launch.tail, launch.n_tail, True),
+            ):
+                if count:
+                    kernels["adam_apply"][(count,)](
+                        launch.table,
+                        blocks,
+                        bias2,
+                        corrections[launch.array],
+                        betas[launch.array],
+                        scale,
+                        inf,
+                        beta2,
+                        1.0 - beta2,
+                        eps,
+                        lam,
+                        l2,
+                        lr,
+                        decay,
+                        DT=tl_dtypes[launch.dtype],
+                        CT=ct,
+                        BLOCK=BLOCK,
+                        CHUNK=CHUNK,
+                        MASKED=masked,
+                        ALIGNED=launch.aligned,
+                        HAS_INF=found_inf is not None,
+                        DECAY=decay_mode,
+                        **flags,
+                        **options,
+                    )
+        new_prods = [prod * beta for prod, beta in zip(prods, betas, strict=True)]
+        if found_inf is not None:
+            skip = found_inf != 0
+            new_prods = [
+                torch.where(skip, old, new) for old, new in zip(prods, new_prods, strict=True)
+            ]
+        _count_step(state_steps, found_inf)
+        return (
+            _per_tensor(betas, plan, config.per_layer),
+            _per_tensor(new_prods, plan, config.per_layer),
+        )

@@ -1,0 +1,142 @@
+"""The beta rules exist once: replacing them in ``amopt._rule`` changes every surface.
+
+Each rule function is swapped (monkeypatch) for one that returns a marker value of
+beta that no real rule would produce on these problems; then every surface must
+report (and apply) the marker: ``minimize`` on NumPy, torch and array-api-strict, the
+stochastic methods, the torch optimizers in every path and the bench cases. A surface
+with a private copy of the rule would keep its own beta and fail here.
+"""
+
+from __future__ import annotations
+
+import array_api_strict
+import numpy as np
+import pytest
+import torch
+
+import amopt
+from amopt import _rule
+from amopt.bench import cases
+from amopt.torch import AMSGD, AMAdam, AMAdamW
+
+MARK = 0.3125  # exactly representable in every float type
+
+
+def _marked_momentum(xp, sums, cfg, *, lr=None, f_decrease=None):
+    beta = xp.zeros_like(sums[..., 0]) + MARK
+    return beta, (beta + cfg.lam) / (1.0 + cfg.lam)
+
+
+def _marked_adam(xp, sums, cfg, *, lr=None, weight_decay=0.0, f_decrease=None):
+    return xp.zeros_like(sums[..., 0]) + MARK
+
+
+@pytest.fixture
+def marked(monkeypatch):
+    monkeypatch.setattr(_rule, "momentum_beta", _marked_momentum)
+    monkeypatch.setattr(_rule, "adam_beta", _marked_adam)
+
+
+def _quadratic(xp):
+    diag = xp.asarray([1.0, 4.0, 10.0], dtype=xp.float64)
+    b = xp.asarray([1.0, -2.0, 0.5], dtype=xp.float64)
+
+    def fun(x):
+        return 0.5 * xp.sum(diag * x * x) - xp.sum(b * x)
+
+    def jac(x):
+        return diag * x - b
+
+    return fun, jac
+
+
+def _all_marked(betas) -> bool:
+    arr = np.asarray([float(b) for b in np.ravel(np.asarray(betas, dtype=object))])
+    return arr.size > 0 and bool(np.all(arr == MARK))
+
+
+@pytest.mark.parametrize("namespace", ["numpy", "torch", "array_api_strict"])
+@pytest.mark.parametrize("method", ["am-mgd", "am-adam", "am-adamw"])
+def test_minimize_uses_the_rule(marked, namespace, method):
+    xp = {"numpy": np, "torch": torch, "array_api_strict": array_api_strict}[namespace]
+    fun, jac = _quadratic(xp)
+    x0 = xp.zeros(3, dtype=xp.float64)
+    res = amopt.minimize(fun, x0, jac=jac, method=method, options={"lr": 0.05, "maxiter": 4})
+    assert _all_marked(res.betas)
+
+
+def test_minimize_parameter_list_uses_the_rule(marked):
+    x0 = [np.zeros(3), np.zeros((2, 2))]
+
+    def fun(xs):
+        return float(np.sum(xs[0] ** 2) + np.sum((xs[1] - 1) ** 2))
+
+    def jac(xs):
+        return [2 * xs[0] + 1, 2 * (xs[1] - 1)]
+
+    res = amopt.minimize(
+        fun, x0, jac=jac, method="am-mgd", options={"lr": 0.1, "maxiter": 3, "per_layer": True}
+    )
+    assert _all_marked(res.betas)
+
+
+def test_stochastic_methods_use_the_rule(marked):
+    from amopt.problems import LeastSquares
+
+    rng = np.random.default_rng(0)
+    prob = LeastSquares(rng.standard_normal((40, 3)), rng.standard_normal(40))
+    for method in ("am-sgd", "am-adamw"):
+        res = amopt.minimize(
+            prob,
+            np.zeros(3),
+            method=method,
+            options={"lr": 0.01, "maxiter": 3, "batch_size": 8, "seed": 0},
+        )
+        assert _all_marked(res.betas), method
+
+
+def test_core_building_blocks_use_the_rule(marked):
+    g, d = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+    assert float(amopt.am_beta(g, d)) == MARK
+    assert float(amopt.am_adam_beta(g, d, 0 * g, 1 + 0 * g, lr=0.1)) == MARK
+    x = np.ones(40000)  # above the NumPy fast path's block size
+    _, _, beta = amopt.am_momentum_step(x, x, amopt.am_momentum_init(x), lr=0.1)
+    assert float(beta) == MARK
+
+
+def _torch_params(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    params = [
+        torch.nn.Parameter(torch.randn(4, 3, generator=gen, dtype=dtype)),
+        torch.nn.Parameter(torch.randn(3, generator=gen, dtype=dtype)),
+    ]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen, dtype=dtype)
+    return params
+
+
+PATHS = [{"foreach": False}, {"foreach": True}, {"fused": True}]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("path", PATHS, ids=["single", "foreach", "fused"])
+@pytest.mark.parametrize("per_layer", [True, False])
+@pytest.mark.parametrize("cls", [AMSGD, AMAdamW, AMAdam])
+def test_torch_optimizers_use_the_rule(marked, cls, per_layer, path):
+    params = _torch_params()
+    opt = cls(params, lr=0.01, per_layer=per_layer, **path)
+    for _ in range(2):
+        opt.step()
+    assert _all_marked([b for group in opt.latest_betas() for b in group])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_bench_cases_use_the_rule(marked):
+    for kind in ("am_adamw_fused", "am_adamw_foreach", "amsgd_fused", "amsgd_foreach"):
+        case = cases.OptimizerCase(kind, 1000, 3)
+        case.run()
+        betas = [b for group in case.optimizer.latest_betas() for b in group]
+        assert _all_marked(betas), kind
+    core = cases.CoreStepCase("am-mgd", 100)
+    _, _, beta = core._step()
+    assert float(beta) == MARK
