@@ -15,7 +15,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch._dynamo  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402

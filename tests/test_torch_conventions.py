@@ -381,6 +381,52 @@ def test_fallback_warns_once_per_optimizer(cls, kernels_unavailable):
     _assert_same_run((model, _), _train(cls, {"lr": 0.01, "foreach": True}, n_steps=4))
 
 
+@pytest.fixture
+def triton_everywhere(monkeypatch):
+    """Every step runs the Triton kernels, on CPU tensors in Triton's interpreter."""
+    pytest.importorskip("triton")
+    from amopt.torch import _amadamw, _amsgd, _triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if _triton.available([torch.zeros(1)]) is not None:
+        pytest.skip(_triton.available([torch.zeros(1)]))
+    original = _common.default_path
+
+    def default_path(params, grads, *, fused, foreach):
+        if fused or (fused is None and foreach is None):  # fused=True on the CPU here
+            return "triton", None
+        return original(params, grads, fused=fused, foreach=foreach)
+
+    for module in (_common, _amsgd, _amadamw):
+        monkeypatch.setattr(module, "default_path", default_path)
+    return _spy(monkeypatch, _triton, ["triton_amsgd", "triton_am_adamw"])
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_ids)
+def test_triton_path_gets_the_step_and_the_grad_scaler(cls, triton_everywhere):
+    """Where the Triton path is chosen, the optimizers hand it their state and GradScaler's
+    scale and found_inf: the iterates of the single-tensor path, and a skipped step."""
+    model, X, y = _model(torch.float64), *_data(torch.float64)
+    reference = copy.deepcopy(model)
+    opt = cls(model.parameters(), lr=0.01)
+    ref_opt = cls(reference.parameters(), lr=0.01, foreach=False)
+    for _ in range(3):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            _backward(m, o, X, y)
+            o.step()
+    assert len(triton_everywhere) == 3
+    _assert_same_run((model, opt), (reference, ref_opt), exact=False)
+    scaled, scaled_opt, before, _ = _scaled_run(
+        cls, {"lr": 0.01}, torch.float32, inf_at=(1,), n_steps=2
+    )
+    assert len(triton_everywhere) == 3 + 2
+    for p, old in zip(scaled.parameters(), before[1][0], strict=True):
+        assert torch.equal(p, old)  # the inf step left the parameters as they were
+        assert float(scaled_opt.state[p]["step"]) == 1
+    unscaled = _train(cls, {"lr": 0.01, "foreach": False}, n_steps=1)
+    _assert_same_run((scaled, scaled_opt), unscaled, exact=False)
+
+
 # --------------------------------------------------------------------------- GradScaler
 
 

@@ -563,25 +563,19 @@ def am_adamw(
         "config": config,
     }
     tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    if path in ("fused", "triton"):
-        kernel = _kernel(path)
-        if _accepts_amp(kernel):
-            amp = {"grad_scale": grad_scale, "found_inf": found_inf}
-            return _fused_am_adamw(*tensors, kernel=kernel, amp=amp, **hyper)
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    if path == "triton":  # the Triton kernels unscale and skip themselves
+        return triton_module().triton_am_adamw(*tensors, **amp, **hyper)
+    if path == "fused" and _accepts_amp(_fused.fused_am_adamw):
+        return _fused_am_adamw(*tensors, amp=amp, **hyper)
+    if path == "fused":
         func: Callable[..., tuple[list[Tensor], list[Tensor]]] = _fused_am_adamw
-        hyper["kernel"] = kernel
     else:
         func = _multi_tensor_am_adamw if path == "foreach" else _single_tensor_am_adamw
     return _amp_am_adamw(func, *tensors, grad_scale=grad_scale, found_inf=found_inf, **hyper)
 
 
 _FUNCTIONAL_WARNED: set[str] = set()
-
-
-def _kernel(path: str) -> Callable[..., Any]:
-    """The fused AM-AdamW kernel of ``path``: C (CPU) or Triton (CUDA)."""
-    mod = triton_module() if path == "triton" else None
-    return getattr(mod, "fused_am_adamw", None) or _fused.fused_am_adamw
 
 
 def _accepts_amp(kernel: Callable[..., Any]) -> bool:
@@ -626,18 +620,17 @@ def _fused_am_adamw(
     state_steps: list[Tensor],
     beta1_prods: list[Tensor],
     *,
-    kernel: Callable[..., Any] = _fused.fused_am_adamw,
     amp: dict[str, Any] | None = None,
     **hyper: Any,
 ) -> tuple[list[Tensor], list[Tensor]]:
-    """The fused kernels; the foreach path where they cannot run (with a warning)."""
+    """The fused C kernels; the foreach path where they cannot run (with a warning)."""
     cfg = hyper["config"]
     legacy = {k: v for k, v in hyper.items() if k != "config"}
     legacy.update(beta1=cfg.beta_max, lam=cfg.lam, per_layer=cfg.per_layer, variant=cfg.variant)
     legacy.update(beta_min=cfg.beta_min, theta=cfg.theta, beta_high=cfg.beta_high)
     legacy.update(beta_low=cfg.beta_low)
     tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    out = kernel(*tensors, **legacy, **(amp or {}))
+    out = _fused.fused_am_adamw(*tensors, **legacy, **(amp or {}))
     if isinstance(out, str):
         warn_fallback(out)
         amp = amp or {"grad_scale": None, "found_inf": None}

@@ -468,21 +468,14 @@ def amsgd(
     if reason is not None:
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
     hyper = {"lr": as_float(lr), "weight_decay": weight_decay, "maximize": maximize}
-    if path in ("fused", "triton"):
-        kernel = _kernel(path)
-        if _accepts_amp(kernel):
-            return _fused_amsgd(
-                params,
-                grads,
-                momentum_buffer_list,
-                state_steps,
-                kernel=kernel,
-                amp={"grad_scale": grad_scale, "found_inf": found_inf},
-                config=config,
-                **hyper,
-            )
+    tensors = (params, grads, momentum_buffer_list, state_steps)
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    if path == "triton":  # the Triton kernels unscale and skip themselves
+        return triton_module().triton_amsgd(*tensors, config=config, **amp, **hyper)
+    if path == "fused" and _accepts_amp(_fused.fused_amsgd):
+        return _fused_amsgd(*tensors, amp=amp, config=config, **hyper)
+    if path == "fused":
         func: Callable[..., list[Tensor]] = _fused_amsgd
-        hyper["kernel"] = kernel
     else:
         func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
     return _amp_amsgd(
@@ -499,12 +492,6 @@ def amsgd(
 
 
 _FUNCTIONAL_WARNED: set[str] = set()
-
-
-def _kernel(path: str) -> Callable[..., Any]:
-    """The fused AMSGD kernel of ``path``: C (CPU) or Triton (CUDA)."""
-    mod = triton_module() if path == "triton" else None
-    return getattr(mod, "fused_amsgd", None) or _fused.fused_amsgd
 
 
 def _accepts_amp(kernel: Callable[..., Any]) -> bool:
@@ -543,17 +530,18 @@ def _fused_amsgd(
     momentum_buffer_list: list[Tensor | None],
     state_steps: list[Tensor],
     *,
-    kernel: Callable[..., Any] = _fused.fused_amsgd,
     amp: dict[str, Any] | None = None,
     **hyper: Any,
 ) -> list[Tensor]:
-    """The fused kernels; the foreach path where they cannot run (with a warning)."""
+    """The fused C kernels; the foreach path where they cannot run (with a warning)."""
     cfg = hyper["config"]
     legacy = {k: v for k, v in hyper.items() if k != "config"}
     legacy.update(lam=cfg.lam, beta_max=cfg.beta_max, per_layer=cfg.per_layer)
     legacy.update(variant=cfg.variant, beta_min=cfg.beta_min, theta=cfg.theta)
     legacy.update(beta_high=cfg.beta_high, beta_low=cfg.beta_low)
-    out = kernel(params, grads, momentum_buffer_list, state_steps, **legacy, **(amp or {}))
+    out = _fused.fused_amsgd(
+        params, grads, momentum_buffer_list, state_steps, **legacy, **(amp or {})
+    )
     if isinstance(out, str):
         warn_fallback(out)
         return _amp_amsgd(

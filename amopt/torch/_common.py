@@ -246,11 +246,12 @@ _triton_state: dict[str, Any] = {"tried": False, "module": None, "error": None}
 
 
 def triton_module() -> Any:
-    """``amopt.torch._triton`` when it exists and imports, else ``None`` (reason kept).
+    """``amopt.torch._triton`` when it imports, else ``None`` (the reason is kept).
 
     The module provides ``available(tensors) -> str | None`` (``None``: its kernels can
-    step these tensors; a string: why not) and ``fused_amsgd`` / ``fused_am_adamw`` with
-    the signatures of :mod:`amopt.torch._fused`.
+    step these tensors; a string: why not) and ``triton_amsgd`` / ``triton_am_adamw``,
+    which take the arguments of the single-tensor implementations, ``grad_scale`` and
+    ``found_inf`` included.
     """
     if not _triton_state["tried"]:
         _triton_state["tried"] = True
@@ -275,8 +276,9 @@ def triton_unavailable(tensors: Sequence[Tensor]) -> str | None:
 
 
 def fused_devices() -> list[str]:
-    """Device types ``fused=True`` supports: the CPU (C kernels), CUDA with Triton kernels."""
-    return ["cpu", "cuda"] if triton_module() is not None else ["cpu"]
+    """Device types ``fused=True`` supports: the CPU (C kernels), CUDA with Triton installed."""
+    mod = triton_module()
+    return ["cpu", "cuda"] if mod is not None and mod.available([]) is None else ["cpu"]
 
 
 def check_fused_device(p: Tensor) -> None:
