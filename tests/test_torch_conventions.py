@@ -221,6 +221,46 @@ def test_functional_fused_and_foreach_together_are_a_runtime_error():
     assert torch.equal(x, torch.zeros(3)) and torch.equal(d[0], torch.zeros(3))
 
 
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("cls", CLASSES, ids=_ids)
+def test_zero_gradients_without_weight_decay_leave_the_parameters(cls, impl):
+    """With weight decay (AMAdamW's default 1e-2, decoupled) parameters shrink as in AdamW."""
+    x = torch.nn.Parameter(torch.randn(5, 1))
+    x0 = x.detach().clone()
+    opt = cls([x], lr=0.1, weight_decay=0.0, **IMPLS[impl])
+    for _ in range(2):
+        x.grad = torch.zeros_like(x)
+        opt.step()
+    assert torch.equal(x, x0)
+    decayed = torch.nn.Parameter(x0.clone())
+    adamw = AMAdamW([decayed], lr=0.1, weight_decay=0.5, **IMPLS[impl])
+    decayed.grad = torch.zeros_like(decayed)
+    adamw.step()
+    torch.testing.assert_close(decayed.detach(), x0 * (1 - 0.1 * 0.5))
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_global_scope_does_not_depend_on_how_tensors_are_split(foreach):
+    """One complex tensor or its real and imaginary parts: the same global beta and iterates
+    (to float rounding of the sums). A per-tensor scope changes with the split, by design."""
+    torch.manual_seed(0)
+    z = torch.randn(6, dtype=torch.complex128, requires_grad=True)
+    parts = [z.real.detach().clone().requires_grad_(), z.imag.detach().clone().requires_grad_()]
+    opt_z = AMSGD([z], lr=0.05, foreach=foreach)
+    opt_parts = AMSGD(parts, lr=0.05, foreach=foreach)
+    target = torch.randn(6, dtype=torch.complex128)
+    for _ in range(5):
+        opt_z.zero_grad()
+        opt_parts.zero_grad()
+        ((z - target).abs() ** 2).sum().backward()
+        ((torch.complex(*parts) - target).abs() ** 2).sum().backward()
+        opt_z.step()
+        opt_parts.step()
+        torch.testing.assert_close(z.real, parts[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(z.imag, parts[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(opt_z.latest_betas()[0][0], opt_parts.latest_betas()[0][0])
+
+
 # --------------------------------------------------------------------------- fused devices
 
 
