@@ -19,6 +19,7 @@ import array_api_compat
 import numpy as np
 from scipy.optimize import OptimizeResult, OptimizeWarning
 
+from amopt import _lazy
 from amopt._config import check_bool, check_int, check_nonnegative
 from amopt._finite_sum import FiniteSum
 from amopt.backends import array_namespace, is_array
@@ -520,6 +521,11 @@ def _run(
                 stacklevel=4,
             )
     wd = weight_decay
+    lazy = _lazy.session(
+        layout, obj, step, full_batch=sampler is None, weight_decay=wd, decay_in_f=decay_in_f
+    )
+    if lazy is not None:  # dask arrays: one graph submission per step, see amopt._lazy
+        layout, obj, step = lazy.layout, lazy.objective, lazy.step
 
     def coupled(arrays: tuple, f: float, gs: tuple) -> tuple[float, tuple]:
         # (f, g) of the method: those of F = f + wd/2 |x|^2 under coupled decay

@@ -39,7 +39,7 @@ def installed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(
         ROOT / "amopt", src / "amopt", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -73,6 +73,17 @@ def test_wheel_carries_the_bundled_data(installed):
         assert f"amopt/datasets/data/{f}" in names
     assert "amopt/experiments/__main__.py" in names and "amopt/bench/_timing.py" in names
     assert not any(n.startswith(("tests/", "docs/", "asv_benchmarks/")) for n in names)
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_fused_kernels_built_at_install_time(installed):
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    assert {f"amopt/torch/csrc/{f}" for f in ("am_fused.c", "am_fused_kernels.h")} <= names
+    if not any(n.startswith("amopt/torch/_am_fused") for n in names):
+        pytest.skip("no C compiler: the kernels are left to the first use")
+    code = "from amopt.torch._fused import fused_status as s; print(s()['origin'])"
+    out = _run([installed["python"], "-c", code], installed["work"], installed["env"])
+    assert out.stdout.strip() == "installed"
 
 
 @pytest.mark.slow

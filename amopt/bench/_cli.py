@@ -378,6 +378,10 @@ EXTRA_ROWS: tuple[Row, ...] = (
     ),
 )
 
+from amopt.bench import _dask  # noqa: E402  (its rows are built from Row and Measured above)
+
+EXTRA_ROWS += _dask.ROWS
+
 
 # --------------------------------------------------------------------------- running, report
 

@@ -10,6 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.special
 
+from .. import _lazy
 from ..backends import to_numpy
 from ..datasets._libsvm import _check_label_values, _label_convention, binary_labels, class_indices
 from ._base import FiniteSumProblem, _check_int, _check_scalar, _Design
@@ -29,6 +30,28 @@ def _labels_1d(y: Any) -> np.ndarray:
         raise ValueError(f"y must be 1-D, got shape {y.shape}")
     _check_label_values(y)
     return y
+
+
+def _design(X: Any, targets: np.ndarray, lazy_labels: Any, kind: str, classes: np.ndarray):
+    """The in-memory design, or a chunked one for a dask ``X``.
+
+    With dask labels as well, the targets are encoded from them lazily, so that
+    they stay where the labels are (e.g. on the workers of a cluster).
+    """
+    if lazy_labels is not None:
+        from .._lazy._design import label_targets
+
+        targets = label_targets(lazy_labels, kind, classes)
+    return _lazy.design(X, targets) or _Design(X, targets)
+
+
+def _scores(data: Any, w: np.ndarray) -> np.ndarray:
+    """``X @ w`` on the host, for NumPy ``w`` (computed chunk by chunk for a dask ``X``)."""
+    if getattr(data, "lazy", False):
+        import dask.array as da
+
+        return np.asarray(data.matvec(data.X, da.from_array(w, chunks=-1)).compute())
+    return np.asarray(data.host @ w)
 
 
 class LogisticRegression(FiniteSumProblem):
@@ -52,9 +75,14 @@ class LogisticRegression(FiniteSumProblem):
     ----------
     X : array_like or scipy.sparse matrix, shape (n_samples, n_features)
         NumPy array, SciPy sparse matrix (converted to CSR; evaluated on NumPy
-        inputs only), or a dense PyTorch/CuPy/array-API array.
+        inputs only), a dense PyTorch/CuPy/array-API array, or a dask array
+        chunked by rows, with dense or SciPy sparse chunks: it is never gathered
+        into memory, and the problem evaluates dask ``x`` lazily and NumPy ``x``
+        with one computation.
     y : array_like, shape (n_samples,)
-        Labels, any two values for binary, any values for softmax.
+        Labels, any two values for binary, any values for softmax. With a dask
+        ``X``, a dask ``y`` gives lazily encoded targets (the labels themselves
+        are read once, for the classes).
     l2 : float, default 0.0
         L2 coefficient (>= 0).
     multiclass : {"auto", "binary", "softmax"}, default "auto"
@@ -76,7 +104,9 @@ class LogisticRegression(FiniteSumProblem):
         :math:`\lambda_{\max}(X^\top X)/(2n) + \ell_2`, from
         :math:`\nabla^2 = \frac1n\sum_i (\mathrm{diag}(p_i) - p_i p_i^\top) \otimes a_i a_i^\top`
         and :math:`\|\mathrm{diag}(p) - pp^\top\| \le 1/2`. Computed by
-        Lanczos (``scipy.sparse.linalg.eigsh``) on :math:`X^\top X`, never formed.
+        Lanczos (``scipy.sparse.linalg.eigsh``) on :math:`X^\top X`, never formed;
+        for a dask ``X``, from the Gram matrix accumulated over the chunks up to
+        2048 features, by Lanczos on the chunked operator above.
     L_max : float
         :math:`\max_i \|a_i\|^2/4 + \ell_2` (binary), :math:`\max_i \|a_i\|^2/2 + \ell_2`
         (softmax): the smoothness of each :math:`f_i` plus the regulariser.
@@ -114,6 +144,7 @@ class LogisticRegression(FiniteSumProblem):
         l2: float = 0.0,
         multiclass: Literal["auto", "binary", "softmax"] = "auto",
     ):
+        lazy_labels = y if _lazy.is_lazy((X,)) and _lazy.is_lazy((y,)) else None
         y = _labels_1d(y)
         if multiclass not in ("auto", "binary", "softmax"):
             raise ValueError(
@@ -140,7 +171,7 @@ class LogisticRegression(FiniteSumProblem):
         self.classes = classes
         self.n_classes = n_classes
         self.l2 = _check_scalar("l2", l2)
-        self._data = _Design(X, targets)
+        self._data = _design(X, targets, lazy_labels, kind, classes)
         self.n_samples, self.n_features = self._data.n, self._data.d
         self.dim = self.n_features if kind == "binary" else self.n_features * n_classes
         self._shapes = (
@@ -236,6 +267,8 @@ class LogisticRegression(FiniteSumProblem):
     def value_and_grad(self, x: Any) -> tuple[Any, Any]:
         """Full objective and gradient."""
         x, xp = self._prepare(x, self._shapes)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, self.n_samples)
         X, t = self._data.arrays(x, xp)
         return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
 
@@ -243,6 +276,8 @@ class LogisticRegression(FiniteSumProblem):
         """Mean loss over the rows ``indices`` (repeats count) plus the L2 term, and gradient."""
         x, xp = self._prepare(x, self._shapes)
         idx = self._check_indices(indices)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, idx.shape[0], idx)
         X, t = self._data.arrays(x, xp)
         Xb, tb = self._data.rows(X, t, idx, xp, x)
         return self._eval(x, xp, Xb, tb, idx.shape[0])
@@ -252,8 +287,8 @@ class LogisticRegression(FiniteSumProblem):
         x, _ = self._prepare(x, self._shapes)
         w = np.asarray(to_numpy(x), dtype=np.float64)
         if self.kind == "binary":
-            return np.where(self._data.host @ w >= 0, self.classes[-1], self.classes[0])
-        Z = self._data.host @ w.reshape(self.n_features, self.n_classes)
+            return np.where(_scores(self._data, w) >= 0, self.classes[-1], self.classes[0])
+        Z = _scores(self._data, w.reshape(self.n_features, self.n_classes))
         return self.classes[np.argmax(np.asarray(Z), axis=1)]
 
     # ------------------------------------------------------------------ reference solution
@@ -292,18 +327,21 @@ class LogisticRegression(FiniteSumProblem):
         """
         x, _ = self._prepare(x, self._shapes)
         w = np.asarray(to_numpy(x), dtype=np.float64).reshape(-1)
-        H, n, d, K = self._data.host, self.n_samples, self.n_features, self.n_classes
+        data, n, d, K = self._data, self.n_samples, self.n_features, self.n_classes
 
         def gram(weights: np.ndarray) -> np.ndarray:
+            if getattr(data, "lazy", False):
+                return data.weighted_gram(weights) / n
+            H = data.host
             WX = H.multiply(weights[:, None]).tocsr() if sp.issparse(H) else H * weights[:, None]
             G = H.T @ WX
             return np.asarray(G.toarray() if sp.issparse(G) else G) / n
 
         if self.kind == "binary":
-            s = scipy.special.expit(np.asarray(H @ w))
+            s = scipy.special.expit(_scores(data, w))
             out = gram(s * (1.0 - s))
         else:
-            Z = np.asarray(H @ w.reshape(d, K))
+            Z = _scores(data, w.reshape(d, K))
             P = np.exp(Z - Z.max(axis=1, keepdims=True))
             P /= P.sum(axis=1, keepdims=True)
             out = np.zeros((d, K, d, K))
@@ -336,6 +374,7 @@ class NonconvexLogisticRegression(FiniteSumProblem):
     Parameters
     ----------
     X : array_like or scipy.sparse matrix, shape (n_samples, n_features)
+        As for :class:`LogisticRegression`, dask arrays included.
     y : array_like, shape (n_samples,)
         Two-valued labels.
     alpha : float, default 0.1
@@ -371,10 +410,11 @@ class NonconvexLogisticRegression(FiniteSumProblem):
     f_lower = 0.0
 
     def __init__(self, X: Any, y: Any, *, alpha: float = 0.1):
+        lazy_labels = y if _lazy.is_lazy((X,)) and _lazy.is_lazy((y,)) else None
         y = _labels_1d(y)
         self.classes = np.unique(y)
         self.alpha = _check_scalar("alpha", alpha)
-        self._data = _Design(X, binary_labels(y))
+        self._data = _design(X, binary_labels(y), lazy_labels, "binary", self.classes)
         self.n_samples, self.n_features = self._data.n, self._data.d
         self.dim = self.n_features
         self.x0 = np.zeros(self.dim)
@@ -429,12 +469,16 @@ class NonconvexLogisticRegression(FiniteSumProblem):
 
     def value_and_grad(self, x: Any) -> tuple[Any, Any]:
         x, xp = self._prepare(x)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, self.n_samples)
         X, t = self._data.arrays(x, xp)
         return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
 
     def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
         x, xp = self._prepare(x)
         idx = self._check_indices(indices)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, idx.shape[0], idx)
         X, t = self._data.arrays(x, xp)
         Xb, tb = self._data.rows(X, t, idx, xp, x)
         return self._eval(x, xp, Xb, tb, idx.shape[0])

@@ -9,6 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from .. import _lazy
 from ..backends import to_numpy
 from ._base import (
     FiniteSumProblem,
@@ -252,8 +253,11 @@ class LeastSquares(FiniteSumProblem):
     ----------
     X : array_like or scipy.sparse matrix, shape (n_samples, n_features)
         Dense NumPy/PyTorch/array-API array or SciPy sparse matrix (then only
-        NumPy inputs ``x`` are accepted).
+        NumPy inputs ``x`` are accepted), or a dask array chunked by rows, with
+        dense or SciPy sparse chunks: it is never gathered into memory, and the
+        problem evaluates dask ``x`` lazily and NumPy ``x`` with one computation.
     y : array_like, shape (n_samples,)
+        With a dask ``X``, a dask ``y`` is kept lazy too.
     l2 : float, default 0.0
         Ridge coefficient (>= 0).
 
@@ -261,7 +265,9 @@ class LeastSquares(FiniteSumProblem):
     ----------
     n_samples, dim : int
     L : float
-        :math:`\lambda_{\max}(X^\top X)/n + \ell_2` (Lanczos on :math:`X^\top X`).
+        :math:`\lambda_{\max}(X^\top X)/n + \ell_2` (Lanczos on :math:`X^\top X`; for a
+        dask ``X``, the Gram matrix accumulated over the chunks up to 2048 features,
+        Lanczos on the chunked operator above).
     L_max : float
         :math:`\max_i \|a_i\|^2 + \ell_2`, the smoothness of each :math:`f_i + r`.
     x_star, f_star
@@ -282,8 +288,16 @@ class LeastSquares(FiniteSumProblem):
     """
 
     def __init__(self, X: Any, y: Any, *, l2: float = 0.0):
-        y = _check_targets(y)
-        self._data = _Design(X, y)
+        if _lazy.is_lazy((X,)) and _lazy.is_lazy((y,)):
+            # both chunked: y is checked with X, in one pass over the chunks
+            if np.dtype(y.dtype).kind not in "biuf":
+                raise TypeError(f"y must hold real numbers, got dtype {y.dtype}")
+            if y.ndim != 1:
+                raise ValueError(f"y must be 1-D, got shape {y.shape}")
+            y = y.astype(np.float64)
+        else:
+            y = _check_targets(y)
+        self._data = _lazy.design(X, y) or _Design(X, y)
         self.l2 = _check_scalar("l2", l2)
         self.n_samples, self.dim = self._data.n, self._data.d
         self._ref: ReferenceSolution | None = None
@@ -307,32 +321,45 @@ class LeastSquares(FiniteSumProblem):
 
     def value_and_grad(self, x: Any) -> tuple[Any, Any]:
         x, xp = self._prepare(x)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, self.n_samples)
         X, t = self._data.arrays(x, xp)
         return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
 
     def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
         x, xp = self._prepare(x)
         idx = self._check_indices(indices)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, idx.shape[0], idx)
         X, t = self._data.arrays(x, xp)
         Xb, tb = self._data.rows(X, t, idx, xp, x)
         return self._eval(x, xp, Xb, tb, idx.shape[0])
 
     def reference_solution(self) -> ReferenceSolution:
-        """Exact least-squares solution (computed once)."""
+        """Exact least-squares solution (computed once).
+
+        On a dask ``X``: tall-and-skinny QR (dense chunks) or LSQR (sparse
+        chunks) on the chunks, without gathering ``X``.
+        """
         if self._ref is None:
-            H, y, n = self._data.host, self._data.targets, self.n_samples
-            damp = math.sqrt(n * self.l2)
-            if sp.issparse(H):
-                x = spla.lsqr(H, y, damp=damp, atol=1e-14, btol=1e-14, conlim=1e16,
-                              iter_lim=20 * (self.dim + n))[0]  # fmt: skip
+            if getattr(self._data, "lazy", False):
+                x = self._data.lstsq(self.l2)
             else:
-                M = np.vstack([H, damp * np.eye(self.dim)]) if damp else H
-                rhs = np.concatenate([y, np.zeros(self.dim)]) if damp else y
-                x = np.linalg.lstsq(M, rhs, rcond=None)[0]
+                x = self._host_lstsq()
             f, g = self.value_and_grad(x)
             gn = float(np.max(np.abs(g)))
             self._ref = ReferenceSolution(x, float(f), gn, gtol=0.0, converged=True)
         return self._ref
+
+    def _host_lstsq(self) -> np.ndarray:
+        H, y, n = self._data.host, self._data.targets, self.n_samples
+        damp = math.sqrt(n * self.l2)
+        if sp.issparse(H):
+            return spla.lsqr(H, y, damp=damp, atol=1e-14, btol=1e-14, conlim=1e16,
+                             iter_lim=20 * (self.dim + n))[0]  # fmt: skip
+        M = np.vstack([H, damp * np.eye(self.dim)]) if damp else H
+        rhs = np.concatenate([y, np.zeros(self.dim)]) if damp else y
+        return np.linalg.lstsq(M, rhs, rcond=None)[0]
 
     @property
     def x_star(self) -> np.ndarray:

@@ -18,8 +18,8 @@ amsgd, am_adamw
 Every optimizer exposes :meth:`~AMSGD.latest_betas` (the betas of the last step
 as device tensors, cheap enough to log every step). By default a step runs the
 fastest implementation for the parameters' device and dtype: fused CPU kernels
-for float32/float64 (two passes over memory per step, compiled with the system C
-compiler on first use; see ``amopt.torch._fused``), Triton kernels on CUDA
+for float32/float64 (two passes over memory per step, built by ``pip install`` or
+with the system C compiler on first use; see ``amopt.torch._fused``), Triton kernels on CUDA
 (``amopt.torch._triton``), the foreach implementation otherwise; ``fused`` and
 ``foreach`` choose one explicitly. Requires the ``torch`` extra:
 ``pip install amopt[torch]``.

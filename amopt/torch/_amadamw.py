@@ -12,7 +12,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_choice, check_interval
-from amopt.torch import _fused
+from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
@@ -58,6 +58,7 @@ _DEFAULTS: dict[str, Any] = {
     "maximize": False,
     "foreach": None,
     "fused": None,
+    "process_group": None,
 }
 
 
@@ -140,8 +141,8 @@ class AMAdamW(AMOptimizerBase):
     fused : bool or None, default None
         Fused kernels: on the CPU, C kernels making two passes over memory per
         step (one reduction pass, one update pass) instead of the many passes
-        of the foreach path, and no temporary full-size buffers, compiled with
-        the system C compiler on first use and cached (see
+        of the foreach path, and no temporary full-size buffers, built by ``pip
+        install`` or with the system C compiler on first use (see
         ``amopt.torch._fused``); on CUDA, Triton kernels where
         ``amopt.torch._triton`` provides them. Parameters on other devices raise
         ``RuntimeError`` at their first step, as in ``torch.optim``. Groups the
@@ -149,11 +150,17 @@ class AMAdamW(AMOptimizerBase):
         non-contiguous tensors), or a machine without a C compiler, use the
         foreach implementation with a ``FusedFallbackWarning``. Same iterates
         as the single-tensor implementation up to float rounding (blocked
-        reductions, see ``amopt.torch._fused_src``). Cannot be combined with
+        reductions, see ``amopt/torch/csrc/am_fused.c``). Cannot be combined with
         ``foreach=True``.
 
         With neither ``fused`` nor ``foreach`` given, each step runs the fastest
         implementation for the group's device and dtype, as :class:`AMSGD` does.
+    process_group : ProcessGroup, optional
+        The ranks that together hold the parameters of a ``per_layer=False`` group
+        of plain tensors, each rank a partition (found automatically inside
+        ``torch.distributed.optim.ZeroRedundancyOptimizer``). Not needed for
+        replicas (DDP) nor for DTensors (FSDP2, tensor parallel), whose device mesh
+        says which ranks hold their pieces; see ``amopt.torch._distributed``.
 
     Notes
     -----
@@ -229,6 +236,7 @@ class AMAdamW(AMOptimizerBase):
         maximize: bool = False,
         foreach: bool | None = None,
         fused: bool | None = None,
+        process_group: Any = None,
     ) -> None:
         defaults: dict[str, Any] = {
             "lr": lr,
@@ -246,9 +254,11 @@ class AMAdamW(AMOptimizerBase):
             "maximize": maximize,
             "foreach": foreach,
             "fused": fused,
+            "process_group": process_group,
         }
         _validate(defaults, self._weight_decay_modes)
         super().__init__(params, defaults)
+        _distributed.attach(self)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group; its hyper-parameters are validated like the constructor's."""
@@ -346,6 +356,7 @@ class AMAdamW(AMOptimizerBase):
             beta1_prods: list[Tensor] = []
             self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
             if not params:
+                _distributed.join_empty(self, group)
                 continue
             beta1, beta2 = (as_float(b) for b in group["betas"])
             check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)  # schedulers write it
@@ -375,6 +386,7 @@ class AMAdamW(AMOptimizerBase):
                 beta_high=group["beta_high"],
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
+                process_group=_distributed.scope_group(self, group, grads),
             )
             self._store_state(group, params, "beta", betas, InfSkip(found_inf, ()))
             self._store_state(group, params, "beta1_prod", new_prods)
@@ -402,7 +414,7 @@ class AMAdam(AMAdamW):
     ----------
     params, lr, betas, eps, lam, per_layer
         As in :class:`AMAdamW`.
-    variant, beta_min, theta, beta_high, beta_low, maximize, foreach, fused
+    variant, beta_min, theta, beta_high, beta_low, maximize, foreach, fused, process_group
         As in :class:`AMAdamW`.
     weight_decay : float, default 0
         L2 penalty coefficient :math:`\mu \ge 0` added to the gradient.
@@ -440,6 +452,7 @@ class AMAdam(AMAdamW):
         maximize: bool = False,
         foreach: bool | None = None,
         fused: bool | None = None,
+        process_group: Any = None,
     ) -> None:
         super().__init__(
             params,
@@ -458,6 +471,7 @@ class AMAdam(AMAdamW):
             maximize=maximize,
             foreach=foreach,
             fused=fused,
+            process_group=process_group,
         )
 
 
@@ -490,6 +504,7 @@ def am_adamw(
     beta_high: float = 0.9,
     beta_low: float = 0.1,
     maximize: bool = False,
+    process_group: Any = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     r"""Functional AM-AdamW / AM-Adam: one step over ``params`` in place. See :class:`AMAdamW`.
 
@@ -521,6 +536,9 @@ def am_adamw(
     weight_decay_mode : {"decoupled", "proximal", "l2"}
         ``"l2"`` is AM-Adam: ``weight_decay * x`` is added to the gradient and
         the beta rule and update use no decay.
+    process_group : ProcessGroup, optional
+        With ``per_layer=False``: the ranks whose plain-tensor ``params`` together
+        form the scope. DTensors are combined over their device mesh.
 
     Returns
     -------
@@ -550,9 +568,14 @@ def am_adamw(
         beta_high=beta_high,
         beta_low=beta_low,
     )
+    params, grads, exp_avgs, exp_avg_sqs, sync = _distributed.localize(
+        params, grads, exp_avgs, exp_avg_sqs, per_layer=per_layer, process_group=process_group
+    )
     path, reason = default_path(params, grads, fused=fused, foreach=foreach)
     if reason is not None:
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
+    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+        path = "foreach"
     hyper: dict[str, Any] = {
         "lr": as_float(lr),
         "beta2": as_float(beta2),
@@ -566,6 +589,7 @@ def am_adamw(
     amp = {"grad_scale": grad_scale, "found_inf": found_inf}
     if path == "triton":  # the Triton kernels unscale and skip themselves
         return triton_module().triton_am_adamw(*tensors, **amp, **hyper)
+    hyper["sync"] = sync
     if path == "fused" and _accepts_amp(_fused.fused_am_adamw):
         return _fused_am_adamw(*tensors, amp=amp, **hyper)
     if path == "fused":
@@ -624,16 +648,15 @@ def _fused_am_adamw(
     **hyper: Any,
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    cfg = hyper["config"]
-    legacy = {k: v for k, v in hyper.items() if k != "config"}
-    legacy.update(beta1=cfg.beta_max, lam=cfg.lam, per_layer=cfg.per_layer, variant=cfg.variant)
-    legacy.update(beta_min=cfg.beta_min, theta=cfg.theta, beta_high=cfg.beta_high)
-    legacy.update(beta_low=cfg.beta_low)
+    amp = amp or {"grad_scale": None, "found_inf": None}
     tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    out = _fused.fused_am_adamw(*tensors, **legacy, **(amp or {}))
+    out = _fused.fused_am_adamw(*tensors, **amp, **hyper)
+    if out is None:  # found_inf skipped the step: nothing changed, the products neither
+        dtype = accumulation_dtype([real_dtype(p) for p in params])
+        skipped = torch.zeros((), dtype=dtype, device=params[0].device)
+        return [skipped] * len(params), list(beta1_prods)
     if isinstance(out, str):
         warn_fallback(out)
-        amp = amp or {"grad_scale": None, "found_inf": None}
         return _amp_am_adamw(_multi_tensor_am_adamw, *tensors, **amp, **hyper)
     return out
 
@@ -662,6 +685,7 @@ def _single_tensor_am_adamw(
     weight_decay_mode: str,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     n = len(params)
     if n == 0:
@@ -717,6 +741,8 @@ def _single_tensor_am_adamw(
         rows.append(torch.stack([total(nums), total(dens), total(refs)]))
         prods.append(prod)
 
+    rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
+
     # rule (step 5) and the products (step 8)
     beta = rule_by_rows(_rule.adam_beta, rows, config, lr=lr, weight_decay=wd)
     new_prod = [prod * b for prod, b in zip(prods, beta, strict=True)]
@@ -763,6 +789,7 @@ def _multi_tensor_am_adamw(
     weight_decay_mode: str,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     n = len(params)
     if n == 0:
@@ -874,8 +901,13 @@ def _multi_tensor_am_adamw(
     new_prods: list[Tensor] = [params[0]] * n
     coefs: list[Tensor | list[Tensor]] = []
     if per_layer:
-        for _, _, _, p, indices, prods, nums, dens, refs in buckets:
-            sums = torch.stack([torch.stack(nums), torch.stack(dens), torch.stack(refs)], -1)
+        bucket_sums = [torch.stack([torch.stack(b[c]) for c in (6, 7, 8)], -1) for b in buckets]
+    else:
+        bucket_sums = [torch.stack([total([t for b in buckets for t in b[c]]) for c in (6, 7, 8)])]
+    # sharded scopes: add the sums of all ranks
+    bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[4] for b in buckets])
+    if per_layer:
+        for (_, _, _, p, indices, prods, *_), sums in zip(buckets, bucket_sums, strict=True):
             beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
             prod = prods * beta
             for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
@@ -883,8 +915,7 @@ def _multi_tensor_am_adamw(
                 new_prods[k] = pr
             coefs.append(list(beta.to(p[0].dtype).unbind()))
     else:
-        sums = torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 7, 8)])
-        beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
+        beta = _rule.adam_beta(torch, bucket_sums[0], config, lr=lr, weight_decay=wd)
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
         coefs = [

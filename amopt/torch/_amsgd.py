@@ -12,7 +12,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_interval
-from amopt.torch import _fused
+from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
@@ -52,6 +52,7 @@ _DEFAULTS: dict[str, Any] = {
     "maximize": False,
     "foreach": None,
     "fused": None,
+    "process_group": None,
 }
 
 
@@ -127,8 +128,9 @@ class AMSGD(AMOptimizerBase):
     fused : bool or None, default None
         Fused kernels: on the CPU, C kernels making two passes over memory per
         step (the three inner products in one pass, the update of ``d`` and
-        ``x`` in the other) and no temporary full-size buffers, compiled with the
-        system C compiler on first use and cached (see ``amopt.torch._fused``);
+        ``x`` in the other) and no temporary full-size buffers, built by ``pip
+        install`` or with the system C compiler on first use (see
+        ``amopt.torch._fused``);
         on CUDA, Triton kernels where ``amopt.torch._triton`` provides them.
         Parameters on other devices raise ``RuntimeError`` at their first step,
         as in ``torch.optim``. Groups the kernels do not handle (dtypes other
@@ -136,13 +138,19 @@ class AMSGD(AMOptimizerBase):
         compiler, use the foreach implementation with a
         ``FusedFallbackWarning``. Same iterates as the single-tensor
         implementation up to float rounding (blocked reductions, see
-        ``amopt.torch._fused_src``). Cannot be combined with ``foreach=True``.
+        ``amopt/torch/csrc/am_fused.c``). Cannot be combined with ``foreach=True``.
 
         With neither ``fused`` nor ``foreach`` given, each step runs the fastest
         implementation for the group's device and dtype: the fused C kernels
         for float32/float64 on the CPU, the Triton kernels on CUDA, foreach
         otherwise; where those kernels cannot run, the foreach implementation
         with one ``FusedFallbackWarning`` per optimizer saying why.
+    process_group : ProcessGroup, optional
+        The ranks that together hold the parameters of a ``per_layer=False`` group
+        of plain tensors, each rank a partition (found automatically inside
+        ``torch.distributed.optim.ZeroRedundancyOptimizer``). Not needed for
+        replicas (DDP) nor for DTensors (FSDP2, tensor parallel), whose device mesh
+        says which ranks hold their pieces; see ``amopt.torch._distributed``.
 
     Notes
     -----
@@ -214,6 +222,7 @@ class AMSGD(AMOptimizerBase):
         maximize: bool = False,
         foreach: bool | None = None,
         fused: bool | None = None,
+        process_group: Any = None,
     ) -> None:
         defaults: dict[str, Any] = {
             "lr": lr,
@@ -230,9 +239,11 @@ class AMSGD(AMOptimizerBase):
             "maximize": maximize,
             "foreach": foreach,
             "fused": fused,
+            "process_group": process_group,
         }
         _validate(defaults)
         super().__init__(params, defaults)
+        _distributed.attach(self)
 
     # ------------------------------------------------------------------ groups, state
 
@@ -351,6 +362,7 @@ class AMSGD(AMOptimizerBase):
             state_steps: list[Tensor] = []
             self._init_group(group, params, grads, momentum_buffer_list, state_steps)
             if not params:
+                _distributed.join_empty(self, group)
                 continue
 
             path = self._path(group, params, grads)
@@ -374,6 +386,7 @@ class AMSGD(AMOptimizerBase):
                 beta_high=group["beta_high"],
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
+                process_group=_distributed.scope_group(self, group, grads),
             )
 
             for p, buf in zip(params, momentum_buffer_list, strict=True):
@@ -406,6 +419,7 @@ def amsgd(
     beta_high: float = 0.9,
     beta_low: float = 0.1,
     maximize: bool = False,
+    process_group: Any = None,
 ) -> list[Tensor]:
     r"""Functional AMSGD: one step over ``params`` in place. See :class:`AMSGD`.
 
@@ -434,6 +448,9 @@ def amsgd(
         As in :class:`AMSGD`.
     variant, beta_min, theta, beta_high, beta_low, maximize
         As in :class:`AMSGD`.
+    process_group : ProcessGroup, optional
+        With ``per_layer=False``: the ranks whose plain-tensor ``params`` together
+        form the scope. DTensors are combined over their device mesh.
 
     Returns
     -------
@@ -464,31 +481,30 @@ def amsgd(
         beta_high=beta_high,
         beta_low=beta_low,
     )
+    caller_buffers, caller_params = momentum_buffer_list, params
+    params, grads, momentum_buffer_list, sync = _distributed.localize(
+        params, grads, momentum_buffer_list, per_layer=per_layer, process_group=process_group
+    )
     path, reason = default_path(params, grads, fused=fused, foreach=foreach)
     if reason is not None:
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
+    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+        path = "foreach"
     hyper = {"lr": as_float(lr), "weight_decay": weight_decay, "maximize": maximize}
     tensors = (params, grads, momentum_buffer_list, state_steps)
     amp = {"grad_scale": grad_scale, "found_inf": found_inf}
     if path == "triton":  # the Triton kernels unscale and skip themselves
-        return triton_module().triton_amsgd(*tensors, config=config, **amp, **hyper)
-    if path == "fused" and _accepts_amp(_fused.fused_amsgd):
-        return _fused_amsgd(*tensors, amp=amp, config=config, **hyper)
-    if path == "fused":
-        func: Callable[..., list[Tensor]] = _fused_amsgd
+        betas = triton_module().triton_amsgd(*tensors, config=config, **amp, **hyper)
+    elif path == "fused" and _accepts_amp(_fused.fused_amsgd):
+        betas = _fused_amsgd(*tensors, amp=amp, config=config, sync=sync, **hyper)
     else:
-        func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
-    return _amp_amsgd(
-        func,
-        params,
-        grads,
-        momentum_buffer_list,
-        state_steps,
-        grad_scale=grad_scale,
-        found_inf=found_inf,
-        config=config,
-        **hyper,
-    )
+        if path == "fused":
+            func: Callable[..., list[Tensor]] = _fused_amsgd
+        else:
+            func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
+        betas = _amp_amsgd(func, *tensors, **amp, config=config, sync=sync, **hyper)
+    _distributed.store_new_states(caller_buffers, momentum_buffer_list, caller_params)
+    return betas
 
 
 _FUNCTIONAL_WARNED: set[str] = set()
@@ -534,26 +550,22 @@ def _fused_amsgd(
     **hyper: Any,
 ) -> list[Tensor]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    cfg = hyper["config"]
-    legacy = {k: v for k, v in hyper.items() if k != "config"}
-    legacy.update(lam=cfg.lam, beta_max=cfg.beta_max, per_layer=cfg.per_layer)
-    legacy.update(variant=cfg.variant, beta_min=cfg.beta_min, theta=cfg.theta)
-    legacy.update(beta_high=cfg.beta_high, beta_low=cfg.beta_low)
-    out = _fused.fused_amsgd(
-        params, grads, momentum_buffer_list, state_steps, **legacy, **(amp or {})
-    )
+    amp = amp or {"grad_scale": None, "found_inf": None}
+    out = _fused.fused_amsgd(params, grads, momentum_buffer_list, state_steps, **amp, **hyper)
+    if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
+        return [_skipped_beta(params)] * len(params)
     if isinstance(out, str):
         warn_fallback(out)
         return _amp_amsgd(
-            _multi_tensor_amsgd,
-            params,
-            grads,
-            momentum_buffer_list,
-            state_steps,
-            **(amp or {"grad_scale": None, "found_inf": None}),
-            **hyper,
+            _multi_tensor_amsgd, params, grads, momentum_buffer_list, state_steps, **amp, **hyper
         )
     return out
+
+
+def _skipped_beta(params: list[Tensor]) -> Tensor:
+    """The beta reported for a skipped step (discarded by the optimizers' found_inf blend)."""
+    dtype = accumulation_dtype([real_dtype(p) for p in params])
+    return torch.zeros((), dtype=dtype, device=params[0].device)
 
 
 def _single_tensor_amsgd(
@@ -566,6 +578,7 @@ def _single_tensor_amsgd(
     weight_decay: float,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> list[Tensor]:
     n = len(params)
     if n == 0:
@@ -601,6 +614,8 @@ def _single_tensor_amsgd(
             vv_parts.append(dot(d, d, acc))
         rows.append(torch.stack([total(vv_parts), total(gg_parts), total(dd_parts)]))
 
+    rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
+
     # rule
     beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config)
 
@@ -631,6 +646,7 @@ def _multi_tensor_amsgd(
     weight_decay: float,
     maximize: bool,
     config: AMConfig,
+    sync: _distributed.ScopeSync | None = None,
 ) -> list[Tensor]:
     n = len(params)
     if n == 0:
@@ -675,15 +691,24 @@ def _multi_tensor_amsgd(
     betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
     coefs: list[Tensor | list[Tensor]] = []
     if per_layer:
-        for _, dev_grads, _, indices, gg, dd, vv in buckets:
-            sums = torch.stack([torch.stack(vv), torch.stack(gg), torch.stack(dd)], dim=-1)
+        bucket_sums = [
+            torch.stack([torch.stack(b[6]), torch.stack(b[4]), torch.stack(b[5])], -1)
+            for b in buckets
+        ]
+    else:
+        bucket_sums = [
+            torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 4, 5)])
+        ]
+    # sharded scopes: add the sums of all ranks
+    bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[3] for b in buckets])
+    if per_layer:
+        for (_, dev_grads, _, indices, *_), sums in zip(buckets, bucket_sums, strict=True):
             beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
                 betas[k] = b
             coefs.append(list(gamma.to(accumulation_dtype([dev_grads[0].dtype])).unbind()))
     else:
-        sums = torch.stack([total([t for b in buckets for t in b[col]]) for col in (6, 4, 5)])
-        beta, gamma = _rule.momentum_beta(torch, sums, config)
+        beta, gamma = _rule.momentum_beta(torch, bucket_sums[0], config)
         betas = [beta] * n
         coefs = [
             gamma.to(

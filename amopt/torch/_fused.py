@@ -1,28 +1,61 @@
-"""Fused CPU kernels for ``AMSGD(fused=True)`` and ``AMAdamW(fused=True)``: build, load, call.
+"""Fused CPU kernels for ``AMSGD(fused=True)`` and ``AMAdamW(fused=True)``: load, dispatch, drive.
 
-The kernels (C, in :mod:`amopt.torch._fused_src`) are compiled with the
-system C compiler the first time a fused step runs, and cached under
-``$AMOPT_KERNEL_CACHE`` (default ``~/.cache/amopt/kernels``), keyed by the
-source, the compiler, its flags and the CPU. They are loaded with
-:mod:`ctypes` and work directly on the tensors' memory, with OpenMP threads
-(``torch.get_num_threads()`` of them; when torch ships its own ``libgomp`` the
-kernels share its thread pool).
+A fused step is the three stages of every AM method (``docs/algorithms.md``):
 
-Nothing here is required: when no compiler is found, compilation fails,
-``AMOPT_FUSED=0`` is set, or a param group has tensors the kernels do not
-handle (non-CPU, not float32/float64, non-contiguous, mixed dtypes), the
-callers fall back to the foreach implementation, which gives the same iterates
-up to float rounding, and say so once with a :class:`FusedFallbackWarning`.
+1. **reduce** (C, ``csrc/am_fused.c``): one pass over ``g, d, x`` (and ``v``) that
+   writes the few sums of each tensor the beta rule needs;
+2. **rule** (:mod:`amopt._rule`, torch ops on a small CPU tensor): beta of each scope
+   from the stacked sums; the kernels contain no beta math;
+3. **apply** (C): one pass that updates ``d`` and ``x`` given beta (or gamma).
+
+With per-layer scopes the tensors are processed in chunks whose bytes fit in the
+last-level cache (reduce the chunk, rule once on its sums, apply the chunk), so that
+the apply pass reads each tensor while it is still cached; with a global scope all
+tensors are reduced, the rule runs once, and the apply pass takes the tensors from
+the last to the first for the same reason.
+
+Where the kernels come from, in order:
+
+* the library built when the package was installed (``pip install .`` or
+  ``pip install -e .`` build the optional extension ``amopt.torch._am_fused``, see
+  ``setup.py``), loaded from the package directory when neither the file nor that
+  directory is writable by another user;
+* otherwise a build with the system C compiler into a private cache directory,
+  ``$AMOPT_KERNEL_CACHE`` or ``$XDG_CACHE_HOME/amopt/kernels`` (default
+  ``~/.cache/amopt/kernels``): created with mode 0700, and refused when (links
+  resolved) it is owned by another user, is writable by group or others, or sits below
+  a directory others can write in. Each library is recorded with its SHA-256 next to
+  it; one whose hash does not match, or that does not load, is rebuilt. When the cache
+  is refused, the kernels are built in a fresh private temporary directory
+  (``tempfile.mkdtemp``) for this process only.
+
+Every library carries the SHA-256 of the sources it was built from and an ABI
+number; one built from other sources (a stale install) is not used.
+
+Each library holds the kernels three times (x86-64 baseline, AVX2+FMA, AVX-512);
+the best one the CPU supports is picked at load time. ``AMOPT_CPU_FEATURES`` lowers
+the choice (``avx2`` or ``baseline``), e.g. to reproduce an AVX2-only machine. The
+kernels use OpenMP with ``torch.get_num_threads()`` threads; torch ships its own
+``libgomp`` and the kernels share its thread pool.
+
+Nothing here is required: when no library can be had, ``AMOPT_FUSED=0`` is set, or a
+param group has tensors the kernels do not handle, the callers fall back to the
+foreach implementation (same iterates up to float rounding) and say so once with a
+:class:`FusedFallbackWarning`.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import functools
 import hashlib
+import importlib.machinery
 import os
 import platform
 import shlex
 import shutil
+import stat
 import subprocess
 import sysconfig
 import tempfile
@@ -30,31 +63,47 @@ import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from amopt import _rule
+from amopt._config import AMConfig
 from amopt.torch._common import as_real
-from amopt.torch._fused_src import source
 
-__all__ = ["FusedFallbackWarning", "fused_status", "fused_am_adamw", "fused_amsgd", "library"]
+__all__ = [
+    "FusedFallbackWarning",
+    "UnsafeKernelPath",
+    "fallback_grads",
+    "fused_am_adamw",
+    "fused_amsgd",
+    "fused_status",
+    "installed_library",
+    "library",
+    "private_directory",
+    "source_hash",
+    "warn_fallback",
+]
 
-_MODES = {"decoupled": 0, "proximal": 1, "l2": 2}
-_VARIANTS = {None: 0, "clip": 1, "restart": 2}
+ABI_VERSION = 2
+CSRC = Path(__file__).resolve().parent / "csrc"
+#: The kernel sources, hashed in this order (as ``setup.py`` does).
+SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h")
+#: Name of the extension built at install time (``setup.py``).
+EXTENSION = "_am_fused"
+ISAS = ("base", "avx2", "avx512")
+_CPU_FEATURE_LEVELS = {"baseline": 0, "base": 0, "avx2": 1, "avx512": 2}
+_MODES = {"decoupled": 0, "proximal": 1, "l2": 0}
 _DTYPES = (torch.float32, torch.float64)
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _BASE_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=fast", "-std=c99", "-fPIC", "-shared")
-# tried in order until one compiles: OpenMP threads, then SIMD only, then plain C
-_FLAG_SETS = (
-    ("-march=native", "-mprefer-vector-width=512", "-fopenmp"),
-    ("-march=native", "-fopenmp"),
-    ("-march=native", "-fopenmp-simd"),
-    ("-fopenmp",),
-    (),
-)
+# tried in order until one compiles: OpenMP threads, then SIMD pragmas only, then plain C
+_FLAG_SETS = (("-fopenmp",), ("-fopenmp-simd",), ())
+_DEFAULT_CHUNK_BYTES = 4 << 20
 
 _lock = threading.Lock()
-_state: dict[str, object] = {"tried": False, "lib": None, "error": None, "path": None}
+_state: dict[str, Any] = {"tried": False, "lib": None, "error": None, "path": None}
 _warned: set[str] = set()
 
 
@@ -62,15 +111,109 @@ class FusedFallbackWarning(UserWarning):
     """``fused=True`` could not use the fused kernels; the foreach implementation ran instead."""
 
 
-# --------------------------------------------------------------------------- build and load
+class UnsafeKernelPath(RuntimeError):
+    """A kernel library or directory another user could have written: never loaded."""
 
 
-def _cache_dir() -> Path:
-    env = os.environ.get("AMOPT_KERNEL_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "amopt" / "kernels"
+# --------------------------------------------------------------------------- trusted paths
+
+
+def _uid() -> int | None:
+    getuid = getattr(os, "getuid", None)
+    return getuid() if getuid is not None else None
+
+
+def _check_private(path: Path, st: os.stat_result, what: str, *, root_ok: bool = False) -> None:
+    """``path`` (``st`` from ``lstat``) must be ours (or root's) and writable by nobody else."""
+    uid = _uid()
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeKernelPath(f"{what} {path} is a symbolic link")
+    owners = (uid, 0) if root_ok else (uid,)
+    if uid is not None and st.st_uid not in owners:
+        raise UnsafeKernelPath(
+            f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
+        )
+    if st.st_mode & 0o022:
+        raise UnsafeKernelPath(
+            f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        )
+
+
+def _check_ancestors(path: Path) -> None:
+    """No directory above ``path`` lets another user replace it.
+
+    Each must be owned by this user or root, and not writable by others unless it has
+    the sticky bit (as ``/tmp``), which stops them renaming or removing our entries.
+    """
+    uid = _uid()
+    for parent in path.parents:
+        st = os.stat(parent)
+        if uid is not None and st.st_uid not in (uid, 0):
+            raise UnsafeKernelPath(
+                f"directory {parent} above {path} is owned by uid {st.st_uid}, "
+                f"neither this user (uid {uid}) nor root"
+            )
+        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeKernelPath(
+                f"directory {parent} above {path} is writable by everyone (no sticky bit)"
+            )
+
+
+def private_directory(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` with mode 0700 if missing; check that only this user can write in it.
+
+    Parameters
+    ----------
+    path : path-like
+        The directory (missing parents are created with the default mode).
+
+    Returns
+    -------
+    Path
+        The directory, symbolic links resolved.
+
+    Raises
+    ------
+    UnsafeKernelPath
+        It is not a directory, is owned by another user, is writable by group or
+        others, or sits below a directory another user can write in.
+    OSError
+        It cannot be created.
+    """
+    path = Path(os.path.abspath(path))
+    if not os.path.lexists(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    real = Path(os.path.realpath(path))
+    st = os.lstat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeKernelPath(f"kernel cache {real} is not a directory")
+    _check_private(real, st, "kernel cache directory")
+    _check_ancestors(real)
+    return real
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _check_library_file(path: Path, *, root_ok: bool = False) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeKernelPath(f"kernel library {path} is not a regular file")
+    _check_private(path, st, "kernel library", root_ok=root_ok)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def source_hash() -> str:
+    """SHA-256 of the kernel sources (``csrc/``); a library built from others is refused."""
+    data = b"\0".join((CSRC / name).read_bytes() for name in SOURCES)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _compiler() -> list[str]:
@@ -84,18 +227,6 @@ def _compiler() -> list[str]:
     return cmd
 
 
-def _cpu_signature() -> str:
-    """What ``-march=native`` depends on: the CPU flags (Linux) or the processor name."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    return line.strip()
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()}"
-
-
 def _compiler_version(cc: list[str]) -> str:
     try:
         out = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30)
@@ -104,118 +235,260 @@ def _compiler_version(cc: list[str]) -> str:
         return ""
 
 
-def _build(cc: list[str], src: str, target: Path) -> None:
-    """Compile ``src`` into ``target`` (atomically), trying the flag sets in order."""
+def library_name(cc: list[str]) -> str:
+    """File name of the run-time build: a hash of the sources, the compiler and the flags.
+
+    No ``-march=native``: the library holds every ISA variant and picks one at load
+    time, so the name does not depend on the CPU.
+    """
+    key = hashlib.sha256(
+        "\0".join(
+            [
+                source_hash(),
+                " ".join(cc),
+                _compiler_version(cc),
+                repr((_BASE_FLAGS, _FLAG_SETS, ABI_VERSION)),
+                platform.system(),
+                platform.machine(),
+            ]
+        ).encode()
+    ).hexdigest()[:20]
+    suffix = sysconfig.get_config_var("SHLIB_SUFFIX") or ".so"
+    return f"amopt_fused_{key}{suffix}"
+
+
+def compile_library(cc: list[str], out: Path) -> list[str]:
+    """Compile the kernels into ``out``, trying the flag sets in order; returns the command.
+
+    Raises
+    ------
+    RuntimeError
+        No flag set compiles (the message holds each compiler error).
+    """
     errors = []
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="amopt-build-") as tmp:
-        c_file = Path(tmp) / "amopt_fused.c"
-        c_file.write_text(src, encoding="utf-8")
-        out = Path(tmp) / target.name
-        for extra in _FLAG_SETS:
-            cmd = [*cc, *_BASE_FLAGS, *extra, str(c_file), "-o", str(out), "-lm"]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            except (OSError, subprocess.SubprocessError) as exc:
-                errors.append(f"{' '.join(cmd)}: {exc}")
-                continue
-            if proc.returncode == 0 and out.exists():
-                staged = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-                shutil.copyfile(out, staged)
-                os.replace(staged, target)
-                return
-            errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
+    define = f'-DAM_SOURCE_HASH="{source_hash()}"'
+    for extra in _FLAG_SETS:
+        cmd = [*cc, *_BASE_FLAGS, *extra, define, str(CSRC / SOURCES[0]), "-o", str(out), "-lm"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as exc:
+            errors.append(f"{' '.join(cmd)}: {exc}")
+            continue
+        if proc.returncode == 0 and out.exists():
+            return cmd
+        errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
     raise RuntimeError("could not compile the fused kernels:\n" + "\n".join(errors))
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    p = ctypes.c_void_p
-    i64p = ctypes.POINTER(ctypes.c_int64)
-    dp = ctypes.POINTER(ctypes.c_double)
-    for suffix in ("f32", "f64"):
-        fn = getattr(lib, f"am_adamw_{suffix}")
-        fn.argtypes = [ctypes.c_int64, i64p, p, p, p, p, p, p, p, p, dp, i64p]
-        fn.restype = ctypes.c_int
-        fn = getattr(lib, f"am_sgd_{suffix}")
-        fn.argtypes = [ctypes.c_int64, i64p, p, p, p, p, p, dp, i64p]
-        fn.restype = ctypes.c_int
-    lib.am_openmp.argtypes = []
-    lib.am_openmp.restype = ctypes.c_int
+def _build_into(cc: list[str], directory: Path, name: str) -> Path:
+    """Build ``directory/name`` and record its SHA-256 in ``directory/name.sha256``.
+
+    Both files appear atomically (written under a temporary name in the same private
+    directory, then renamed), the library with mode 0700 and its record with 0600.
+    """
+    target = directory / name
+    with tempfile.TemporaryDirectory(prefix="amopt-build-") as tmp:
+        built = Path(tmp) / name
+        compile_library(cc, built)
+        digest = _sha256_file(built)
+        staged = directory / f".{name}.{os.getpid()}.tmp"
+        shutil.copyfile(built, staged)
+        os.chmod(staged, 0o700)
+        os.replace(staged, target)
+    record = directory / f".{name}.sha256.{os.getpid()}.tmp"
+    record.write_text(digest + "\n", encoding="ascii")
+    os.chmod(record, 0o600)
+    os.replace(record, directory / f"{name}.sha256")
+    return target
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, building it on first use; ``None`` when unavailable.
+def _verified(path: Path) -> bool:
+    """The library and its record exist, are ours and private, and the SHA-256 matches."""
+    record = path.with_name(path.name + ".sha256")
+    if not os.path.lexists(path) or not os.path.lexists(record):
+        return False
+    _check_library_file(path)
+    _check_library_file(record)
+    return record.read_text(encoding="ascii").strip() == _sha256_file(path)
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    """Load a kernel library that matches this ABI and these sources."""
+    lib = ctypes.CDLL(str(path))
+    lib.am_abi_version.restype = ctypes.c_int
+    version = lib.am_abi_version()
+    if version != ABI_VERSION:
+        raise RuntimeError(f"{path} has kernel ABI {version}, expected {ABI_VERSION}")
+    lib.am_source_hash.restype = ctypes.c_char_p
+    if lib.am_source_hash().decode() != source_hash():
+        raise RuntimeError(f"{path} was built from other kernel sources than these")
+    return lib
+
+
+def _load_cached(cc: list[str], directory: Path) -> tuple[ctypes.CDLL, Path]:
+    """The verified library of these sources in the private ``directory``, built if needed.
+
+    A library whose SHA-256 does not match its record, or that does not load, is rebuilt.
+    """
+    target = directory / library_name(cc)
+    if _verified(target):
+        try:
+            return _open(target), target
+        except (OSError, RuntimeError):
+            pass
+    _build_into(cc, directory, target.name)
+    if not _verified(target):
+        raise UnsafeKernelPath(f"kernel library {target} changed after it was built")
+    return _open(target), target
+
+
+def cache_directory() -> Path:
+    """``$AMOPT_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/amopt/kernels`` (``~/.cache``)."""
+    env = os.environ.get("AMOPT_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "amopt" / "kernels"
+
+
+def installed_library() -> Path | None:
+    """The library ``pip install`` built next to this module, if there is one."""
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"{EXTENSION}{suffix}"
+        if os.path.lexists(candidate):
+            return candidate
+    return None
+
+
+def _open_installed(path: Path) -> ctypes.CDLL:
+    _check_library_file(path, root_ok=True)
+    st = os.lstat(path.parent)
+    _check_private(path.parent, st, "package directory", root_ok=True)
+    return _open(path)
+
+
+def _find_library(notes: list[str]) -> tuple[ctypes.CDLL, Path, str]:
+    """The kernel library: installed, else cached (private directory), else temporary."""
+    installed = installed_library()
+    if installed is not None:
+        try:
+            return _open_installed(installed), installed, "installed"
+        except (OSError, RuntimeError) as exc:
+            notes.append(f"installed library not used ({exc})")
+    cc = _compiler()
+    if not cc:
+        raise RuntimeError(
+            "no C compiler found (set CC, or install cc/gcc/clang), and no library "
+            "built at install time" + "".join(f"; {note}" for note in notes)
+        )
+    try:
+        directory = private_directory(cache_directory())
+        lib, path = _load_cached(cc, directory)
+        return lib, path, "cache"
+    except (OSError, UnsafeKernelPath) as exc:
+        notes.append(f"kernel cache not used ({exc})")
+    tmp = Path(tempfile.mkdtemp(prefix="amopt-kernels-"))  # mode 0700, unpredictable name
+    atexit.register(shutil.rmtree, tmp, True)
+    lib, path = _load_cached(cc, private_directory(tmp))
+    return lib, path, "temporary"
+
+
+class _Kernels:
+    """The loaded library, with the functions of the selected ISA variant bound."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path, origin: str) -> None:
+        self.lib, self.path, self.origin = lib, path, origin
+        lib.am_cpu_level.restype = ctypes.c_int
+        lib.am_isa_built.restype = ctypes.c_int
+        lib.am_openmp.restype = ctypes.c_int
+        self.cpu_level = int(lib.am_cpu_level())
+        built = int(lib.am_isa_built())
+        level = min(self.cpu_level, _requested_level())
+        while level > 0 and not built & (1 << level):
+            level -= 1
+        self.isa = ISAS[level]
+        self.openmp = bool(lib.am_openmp())
+        vp, i64 = ctypes.c_void_p, ctypes.c_int64
+        self.fn: dict[str, Any] = {}
+        signatures = {
+            "sgd_reduce": [i64, vp, vp, vp, vp, vp, vp, i64, vp],
+            "sgd_apply": [i64, vp, vp, vp, vp, vp, vp, i64, vp, i64],
+            "adam_reduce": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, vp],
+            "adam_apply": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, vp, i64, i64],
+        }
+        for kernel, argtypes in signatures.items():
+            for suffix in ("f32", "f64"):
+                fn = getattr(lib, f"am_{kernel}_{suffix}_{self.isa}")
+                fn.argtypes = argtypes
+                fn.restype = ctypes.c_int
+                self.fn[f"{kernel}_{suffix}"] = fn
+
+
+def _requested_level() -> int:
+    """The highest ISA variant allowed by ``AMOPT_CPU_FEATURES`` (default: any)."""
+    value = os.environ.get("AMOPT_CPU_FEATURES", "").strip().lower()
+    if not value:
+        return len(ISAS) - 1
+    if value not in _CPU_FEATURE_LEVELS:
+        raise ValueError(
+            f"AMOPT_CPU_FEATURES must be one of {', '.join(_CPU_FEATURE_LEVELS)}; "
+            f"got AMOPT_CPU_FEATURES={value!r}"
+        )
+    return _CPU_FEATURE_LEVELS[value]
+
+
+def library() -> _Kernels | None:
+    """The loaded kernels, finding or building them on first use; ``None`` when unavailable.
 
     The reason for ``None`` is in ``fused_status()["error"]``.
     """
     if _state["tried"]:
-        return _state["lib"]  # type: ignore[return-value]
+        return _state["lib"]
     with _lock:
         if _state["tried"]:
-            return _state["lib"]  # type: ignore[return-value]
+            return _state["lib"]
+        notes: list[str] = []
         try:
             if os.environ.get("AMOPT_FUSED", "1").strip().lower() in ("0", "false", "no", "off"):
                 raise RuntimeError("disabled by AMOPT_FUSED=0")
-            cc = _compiler()
-            if not cc:
-                raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
-            src = source()
-            key = hashlib.sha256(
-                "\0".join(
-                    [
-                        src,
-                        " ".join(cc),
-                        _compiler_version(cc),
-                        repr((_BASE_FLAGS, _FLAG_SETS)),
-                        _cpu_signature(),
-                        platform.system(),
-                    ]
-                ).encode()
-            ).hexdigest()[:20]
-            suffix = sysconfig.get_config_var("SHLIB_SUFFIX") or ".so"
-            name = f"amopt_fused_{key}{suffix}"
-            target = _cache_dir() / name
-            if not target.exists():
-                try:
-                    _build(cc, src, target)
-                except OSError:  # an unwritable cache directory: a private temporary one
-                    tmp = (
-                        Path(tempfile.gettempdir())
-                        / f"amopt-kernels-{getattr(os, 'getuid', lambda: 0)()}"
-                    )
-                    target = tmp / name
-                    if not target.exists():
-                        _build(cc, src, target)
-            lib = ctypes.CDLL(str(target))
-            _declare(lib)
-            _state["lib"], _state["path"] = lib, str(target)
+            lib, path, origin = _find_library(notes)
+            _state.update(lib=_Kernels(lib, path, origin), path=str(path))
         except Exception as exc:  # noqa: BLE001 - any failure means "use the fallback"
             _state["error"] = f"{type(exc).__name__}: {exc}"
+        _state["notes"] = notes
         _state["tried"] = True
-    return _state["lib"]  # type: ignore[return-value]
+    return _state["lib"]
 
 
 def fused_status() -> dict[str, object]:
-    """Whether the fused kernels are available, where they were built, and why not if not.
+    """Whether the fused kernels are available, which ones, and why not if not.
 
     Returns
     -------
     dict
-        ``available`` (bool), ``path`` (the shared library), ``openmp`` (bool),
-        ``error`` (the reason they are unavailable, or ``None``).
+        ``available`` (bool), ``path`` (the shared library), ``origin``
+        (``"installed"``: built by ``pip install``; ``"cache"``: built on first use in
+        the kernel cache; ``"temporary"``: built in a private temporary directory for
+        this process), ``isa`` (the variant in use: ``"base"``, ``"avx2"`` or
+        ``"avx512"``), ``openmp`` (bool), ``notes`` (why an earlier place was not
+        used) and ``error`` (why the kernels are unavailable, or ``None``).
 
     Examples
     --------
     >>> from amopt.torch._fused import fused_status
     >>> sorted(fused_status())
-    ['available', 'error', 'openmp', 'path']
+    ['available', 'error', 'isa', 'notes', 'openmp', 'origin', 'path']
     """
     lib = library()
     return {
         "available": lib is not None,
-        "path": _state["path"],
-        "openmp": bool(lib.am_openmp()) if lib is not None else False,
-        "error": _state["error"],
+        "path": _state.get("path"),
+        "origin": lib.origin if lib is not None else None,
+        "isa": lib.isa if lib is not None else None,
+        "openmp": lib.openmp if lib is not None else False,
+        "notes": list(_state.get("notes", [])),
+        "error": _state.get("error"),
     }
 
 
@@ -234,53 +507,306 @@ def warn_fallback(reason: str) -> None:
 
 # --------------------------------------------------------------------------- eligibility
 
-
-def _ptrs(tensors: Sequence[Tensor]) -> ctypes.Array:
-    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-
-
-def _dense(t: Tensor, dtype: torch.dtype, numel: int) -> bool:
-    return (
-        t.device.type == "cpu"
-        and t.dtype == dtype
-        and t.layout == torch.strided
-        and t.is_contiguous()
-        and t.numel() == numel
-    )
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+_plain_types: dict[type, bool] = {}
 
 
-def _check_arrays(arrays: Sequence[Sequence[Tensor]]) -> tuple[torch.dtype | None, str]:
-    """The common dtype of the arrays, or ``None`` and the reason they are not eligible."""
-    xs = arrays[0]
-    dtype = xs[0].dtype
+def _is_plain(t: Tensor) -> bool:
+    """A tensor whose memory is its own (not a DTensor, FakeTensor or other wrapper)."""
+    kind = type(t)
+    plain = _plain_types.get(kind)
+    if plain is None:
+        plain = getattr(kind, "__torch_dispatch__", None) is _PLAIN_DISPATCH
+        _plain_types[kind] = plain
+    return plain
+
+
+def _check(
+    arrays: Sequence[Sequence[Tensor | None]],
+) -> str | tuple[list[list[Tensor | None]], torch.dtype, list[int], list[list[int]]]:
+    """The arrays seen as real tensors, their dtype, sizes and addresses; or why not eligible.
+
+    ``arrays[k][i]`` is the k-th array (parameters, gradients, states) of tensor ``i``;
+    ``None`` entries (a momentum buffer still to create) are skipped and get address 0.
+    """
+    if arrays[0][0].is_complex():
+        arrays = [[None if t is None else as_real(t) for t in a] for a in arrays]
+    dtype = arrays[0][0].dtype
     if dtype not in _DTYPES:
-        return None, f"dtype {dtype} is not float32/float64"
-    for k, x in enumerate(xs):
-        numel = x.numel()
-        group = [a[k] for a in arrays]
-        if not all(_dense(t, dtype, numel) for t in group):
-            return None, (
-                "the fused kernels need dense, contiguous CPU tensors of one dtype "
-                "(float32 or float64) in a param group"
-            )
-        if numel and len({t.data_ptr() for t in group}) != len(group):
-            return None, "a parameter shares memory with its gradient or state"
-    return dtype, ""
+        return f"dtype {dtype} is not float32/float64"
+    numels = [t.numel() for t in arrays[0]]
+    addresses = []
+    for array in arrays:
+        ptrs = []
+        for t, numel in zip(array, numels, strict=True):
+            if t is None:
+                ptrs.append(0)
+                continue
+            if not _is_plain(t):
+                return (
+                    f"{type(t).__name__} parameters or states have no plain local storage "
+                    "the fused kernels can address (the kernels take plain tensors)"
+                )
+            if not t.is_cpu:
+                return f"a tensor is on {t.device}; the fused kernels run on the CPU"
+            if t.dtype != dtype:
+                return (
+                    f"a param group mixes {dtype} and {t.dtype}; the fused kernels need one "
+                    "dtype (float32 or float64) per group"
+                )
+            if t.layout != torch.strided or not t.is_contiguous():
+                return "the fused kernels need dense, contiguous tensors"
+            if t.numel() != numel:
+                return "a gradient or state has another size than its parameter"
+            ptrs.append(t.data_ptr())
+        addresses.append(ptrs)
+    used = [p for ptrs in addresses for p in ptrs if p]
+    if len(set(used)) != len(used):
+        return "a parameter shares memory with its gradient, its state or another parameter"
+    return arrays, dtype, numels, addresses  # type: ignore[return-value]
 
 
-def _check_steps(steps: Sequence[Tensor]) -> int | None:
-    """1 when the step counters are float64, 0 for float32; ``None`` if not usable."""
-    dtype = steps[0].dtype
-    if dtype not in _DTYPES:
-        return None
+def _check_steps(steps: Sequence[Tensor]) -> str:
     for s in steps:
-        if s.device.type != "cpu" or s.dtype != dtype or s.numel() != 1:
-            return None
-    return int(dtype == torch.float64)
+        if not s.is_cpu or s.numel() != 1 or not s.is_floating_point():
+            return "the step counters are not float CPU scalars"
+    return ""
+
+
+def _stack(tensors: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
+    """1-element tensors stacked into one CPU vector of ``dtype``."""
+    try:
+        out = torch.stack(list(tensors))
+    except RuntimeError:  # mixed dtypes, devices or shapes
+        out = torch.stack([t.to("cpu", dtype).reshape(()) for t in tensors])
+    return out.to("cpu", dtype).reshape(len(tensors))
 
 
 def _threads() -> int:
     return max(1, torch.get_num_threads())
+
+
+def _chunk_bytes() -> int:
+    """Bytes of the tensors one per-layer chunk may hold (``$AMOPT_FUSED_CHUNK_BYTES``)."""
+    env = os.environ.get("AMOPT_FUSED_CHUNK_BYTES")
+    return max(1, int(env)) if env else _cache_budget()
+
+
+@functools.cache
+def _cache_budget() -> int:
+    """A quarter of the last-level cache (Linux sysfs), within [1 MiB, 8 MiB].
+
+    Measured on a 32 MiB L3: chunks of a quarter of it leave the apply pass most of its
+    data in cache and keep the interpreter's own working set warm for the rule between
+    the passes; half the cache was slower by about 10 % of a step.
+    """
+    try:
+        sizes = []
+        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KM")) * scale)
+        if sizes:
+            return min(max(max(sizes) // 4, 1 << 20), 8 << 20)
+    except (OSError, ValueError):
+        pass
+    return _DEFAULT_CHUNK_BYTES
+
+
+def _chunks(sizes: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive ``[a, b)`` ranges whose bytes fit in ``budget`` (at least one tensor each)."""
+    out, a, total = [], 0, 0
+    for b, size in enumerate(sizes):
+        if b > a and total + size > budget:
+            out.append((a, b))
+            a, total = b, 0
+        total += size
+    out.append((a, len(sizes)))
+    return out
+
+
+def _grad_multiplier(grad_scale: Tensor | None, maximize: bool) -> float:
+    sign = -1.0 if maximize else 1.0
+    if grad_scale is None:
+        return sign
+    return sign / float(grad_scale)
+
+
+def _skip(found_inf: Tensor | None) -> bool:
+    return found_inf is not None and float(found_inf) != 0.0
+
+
+def fallback_grads(
+    grads: list[Tensor], grad_scale: Tensor | None, found_inf: Tensor | None
+) -> list[Tensor] | None:
+    """The gradients the foreach fallback steps on: ``grads / grad_scale`` (new tensors).
+
+    ``None`` when ``found_inf`` is set (the step is skipped); ``grads`` themselves when
+    there is no scale.
+    """
+    if _skip(found_inf):
+        return None
+    if grad_scale is None:
+        return grads
+    return [g / grad_scale.to(g.device) for g in grads]
+
+
+def _coef(t: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+    """A rule output as a contiguous CPU tensor of ``dtype`` and ``shape`` for the kernels."""
+    if not (
+        isinstance(t, Tensor)
+        and t.dtype == dtype
+        and t.shape == shape
+        and t.is_cpu
+        and t.is_contiguous()
+    ):
+        t = torch.broadcast_to(torch.as_tensor(t, dtype=dtype, device="cpu"), shape).contiguous()
+    return t
+
+
+def _concat(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class _Arrays:
+    """ctypes views of a group: sizes and the addresses of each array's tensors.
+
+    ``at(k)`` gives the addresses of entry ``k`` of the size array and of each
+    pointer array, so that a kernel call covers the tensors ``k, k+1, ...``.
+    """
+
+    __slots__ = ("keep", "base")
+
+    def __init__(self, numels: Sequence[int], addresses: Sequence[Sequence[int]]) -> None:
+        n = len(numels)
+        self.keep = [(ctypes.c_int64 * n)(*numels)]
+        self.keep += [(ctypes.c_void_p * n)(*ptrs) for ptrs in addresses]
+        self.base = [ctypes.addressof(a) for a in self.keep]
+
+    def at(self, k: int) -> list[int]:
+        return [b + 8 * k for b in self.base]
+
+
+def _scopes(numels: Sequence[int], per_layer: bool, bytes_per_element: int, sync: Any) -> list:
+    """``(a, b)`` tensor ranges, each run as reduce, rule, apply.
+
+    One range for a global scope, and when the sums are added across ranks (one
+    collective per step, for all scopes); per-layer chunks that fit the cache otherwise.
+    """
+    if not per_layer or _collective(sync):
+        return [(0, len(numels))]
+    return _chunks([bytes_per_element * k for k in numels], _chunk_bytes())
+
+
+def _collective(sync: Any) -> bool:
+    return sync is not None and bool(sync.needs_collective)
+
+
+def _rows(sums: Tensor, a: int, b: int, dtype: torch.dtype, per_layer: bool, sync: Any) -> Tensor:
+    """The rule's input: the sums of tensors ``a..b-1`` (per layer) or of all, in ``dtype``.
+
+    With a ``sync`` plan (``amopt.torch._distributed``) the sums of sharded scopes are
+    added across ranks here, at the seam between reduce and rule.
+    """
+    rows = sums[a:b].to(dtype) if per_layer else sums.sum(0).to(dtype)
+    if _collective(sync):
+        rows = sync.combine([rows], [list(range(a, b))] if per_layer else None)[0]
+    return rows
+
+
+# --------------------------------------------------------------------------- AMSGD
+
+
+def fused_amsgd(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    *,
+    lr: float,
+    weight_decay: float,
+    maximize: bool,
+    config: AMConfig,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+    sync: Any = None,
+) -> list[Tensor] | str | None:
+    """One AMSGD step with the fused kernels (in place), as ``_single_tensor_amsgd``.
+
+    Parameters
+    ----------
+    params, grads, momentum_buffer_list, state_steps
+        As in :func:`amopt.torch.amsgd`; a ``None`` momentum buffer is created (step 0,
+        ``d = g``).
+    lr, weight_decay, maximize : float, float, bool
+        As in :class:`amopt.torch.AMSGD` (coupled weight decay ``g + wd x``).
+    config : AMConfig
+        ``lam``, ``beta_max``, ``per_layer`` and the variant.
+    grad_scale : Tensor, optional
+        The gradients are ``grad_scale`` times the true ones (``torch.amp.GradScaler``);
+        the kernels use ``g / grad_scale``.
+    found_inf : Tensor, optional
+        Nonzero: skip the step, leaving parameters and state untouched.
+    sync : ScopeSync, optional
+        The plan of :func:`amopt.torch._distributed.localize` when the tensors are
+        local pieces of sharded scopes: their sums are added across ranks (one
+        collective for the step) between the reduce and the rule.
+
+    Returns
+    -------
+    list of Tensor, str or None
+        The 0-d beta of each parameter (the same tensor for all when the scope is
+        global), in the parameters' dtype; a string saying why the kernels cannot run
+        this group (nothing was modified then); ``None`` when ``found_inf`` skipped the
+        step.
+    """
+    n = len(params)
+    if _skip(found_inf):
+        return None
+    if n == 0:
+        return []
+    kernels = library()
+    if kernels is None:
+        return f"the fused kernels are unavailable ({_state.get('error')})"
+    checked = _check([params, grads, momentum_buffer_list])
+    if isinstance(checked, str):
+        return checked
+    (xs, _, bufs), dtype, numels, addresses = checked
+    why = _check_steps(state_steps)
+    if why:
+        return why
+
+    first = (ctypes.c_uint8 * n)(*[b is None for b in bufs])
+    for k, b in enumerate(bufs):
+        if b is None:  # step 0: the kernels write d = g into the new buffer
+            buf = torch.empty_like(grads[k], memory_format=torch.contiguous_format)
+            momentum_buffer_list[k] = buf
+            addresses[2][k] = as_real(buf).data_ptr()
+    torch._foreach_add_(state_steps, 1.0)
+
+    suffix = _SUFFIX[dtype]
+    reduce_fn, apply_fn = kernels.fn[f"sgd_reduce_{suffix}"], kernels.fn[f"sgd_apply_{suffix}"]
+    hp = (ctypes.c_double * 3)(_grad_multiplier(grad_scale, maximize), weight_decay, lr)
+    arrays = _Arrays(numels, addresses)
+    sums = torch.empty((n, 3), dtype=torch.float64)
+    first_at, sums_at, nt = ctypes.addressof(first), sums.data_ptr(), _threads()
+    per_layer = config.per_layer
+    parts = []
+    for a, b in _scopes(numels, per_layer, 3 * xs[0].element_size(), sync):
+        numel, x, g, d = arrays.at(a)
+        reduce_fn(b - a, numel, x, g, d, first_at + a, hp, nt, sums_at + 24 * a)
+        rows = _rows(sums, a, b, dtype, per_layer, sync)
+        beta, gamma = _rule.momentum_beta(torch, rows, config)
+        shape = rows.shape[:-1]
+        gamma = _coef(gamma, dtype, shape)
+        apply_fn(b - a, numel, x, g, d, first_at + a, gamma.data_ptr(), len(shape), hp, nt)
+        parts.append(_coef(beta, dtype, shape))
+    torch.autograd.graph.increment_version([*params, *momentum_buffer_list, *state_steps])
+    if per_layer:
+        return list(_concat(parts).unbind())
+    return [parts[0]] * n
 
 
 # --------------------------------------------------------------------------- AM-AdamW
@@ -295,164 +821,110 @@ def fused_am_adamw(
     beta1_prods: list[Tensor],
     *,
     lr: float,
-    beta1: float,
     beta2: float,
     eps: float,
     weight_decay: float,
     weight_decay_mode: str,
-    lam: float,
-    per_layer: bool,
-    variant: str | None,
-    beta_min: float,
-    theta: float,
-    beta_high: float,
-    beta_low: float,
     maximize: bool,
-) -> tuple[list[Tensor], list[Tensor]] | str:
-    """One AM-AdamW step with the fused kernels (in place), as ``_single_tensor_am_adamw``.
+    config: AMConfig,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+    sync: Any = None,
+) -> tuple[list[Tensor], list[Tensor]] | str | None:
+    """One AM-AdamW / AM-Adam step with the fused kernels (in place), as the reference.
 
-    Returns ``(betas, beta1_prods)`` like the other implementations, or a string
-    saying why the kernels cannot run this group (nothing was modified then).
+    Parameters
+    ----------
+    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods
+        As in :func:`amopt.torch.am_adamw`.
+    lr, beta2, eps, weight_decay, maximize
+        As in :class:`amopt.torch.AMAdamW`.
+    weight_decay_mode : {"decoupled", "proximal", "l2"}
+        ``"l2"`` (AM-Adam) adds ``weight_decay * x`` to the gradient; the rule sees no decay.
+    config : AMConfig
+        ``lam``, ``beta_max`` (the cap of beta1), ``per_layer`` and the variant.
+    grad_scale : Tensor, optional
+        The gradients are ``grad_scale`` times the true ones; the kernels use
+        ``g / grad_scale``.
+    found_inf : Tensor, optional
+        Nonzero: skip the step, leaving parameters and state untouched.
+    sync : ScopeSync, optional
+        The plan of :func:`amopt.torch._distributed.localize` when the tensors are
+        local pieces of sharded scopes: their sums are added across ranks (one
+        collective for the step) between the reduce and the rule.
+
+    Returns
+    -------
+    (betas, beta1_prods), str or None
+        Per parameter the 0-d beta applied and the updated product of its scope; a
+        string saying why the kernels cannot run this group (nothing was modified
+        then); ``None`` when ``found_inf`` skipped the step.
     """
     n = len(params)
+    if _skip(found_inf):
+        return None
     if n == 0:
         return [], []
-    lib = library()
-    if lib is None:
-        return f"the fused kernels are unavailable ({_state['error']})"
-    xs = [as_real(t) for t in params]
-    gs = [as_real(t) for t in grads]
-    ds = [as_real(t) for t in exp_avgs]
-    vs = [as_real(t) for t in exp_avg_sqs]
-    dtype, why = _check_arrays([xs, gs, ds, vs])
-    if dtype is None:
+    if weight_decay_mode not in _MODES:
+        raise ValueError(
+            f"weight_decay_mode must be one of {tuple(_MODES)}; "
+            f"got weight_decay_mode={weight_decay_mode!r}"
+        )
+    kernels = library()
+    if kernels is None:
+        return f"the fused kernels are unavailable ({_state.get('error')})"
+    checked = _check([params, grads, exp_avgs, exp_avg_sqs])
+    if isinstance(checked, str):
+        return checked
+    (xs, *_), dtype, numels, addresses = checked
+    why = _check_steps(state_steps)
+    if why:
         return why
-    steps_double = _check_steps(state_steps)
-    if steps_double is None:
-        return "the step counters are not float CPU scalars"
-    scope_prods = beta1_prods if per_layer else beta1_prods[:1]
-    prods_in = [
-        p if p.dtype == dtype and p.device.type == "cpu" else p.to("cpu", dtype)
-        for p in scope_prods
-    ]
-    m = n if per_layer else 1
-    shape = (m,) if per_layer else ()
-    betas_t = torch.empty(shape, dtype=dtype)
-    prods_t = torch.empty(shape, dtype=dtype)
-    numel = (ctypes.c_int64 * n)(*[x.numel() for x in xs])
-    hp = (ctypes.c_double * 10)(
-        lr, beta1, beta2, eps, weight_decay, lam, beta_min, theta, beta_high, beta_low
+
+    torch._foreach_add_(state_steps, 1.0)
+    ib2 = 1.0 / (1.0 - torch.pow(beta2, _stack(state_steps, torch.float64)))  # 1/(1-beta2^t)
+    l2 = weight_decay_mode == "l2"
+    wd = 0.0 if l2 else weight_decay
+    hp = (ctypes.c_double * 13)(
+        _grad_multiplier(grad_scale, maximize),
+        weight_decay if l2 else 0.0,
+        beta2,
+        eps,
+        config.lam,
+        lr,
+        1.0 - lr * wd if weight_decay_mode == "decoupled" else 1.0,
+        1.0 / (1.0 + lr * wd) if weight_decay_mode == "proximal" else 1.0,
+        *_rule.adam_weights(config, lr=lr, weight_decay=wd),
     )
-    flags = (ctypes.c_int64 * 6)(
-        int(per_layer),
-        _MODES[weight_decay_mode],
-        int(maximize),
-        _VARIANTS[variant],
-        _threads(),
-        steps_double,
-    )
-    fn = getattr(lib, f"am_adamw_{_SUFFIX[dtype]}")
-    rc = fn(
-        n,
-        numel,
-        _ptrs(xs),
-        _ptrs(gs),
-        _ptrs(ds),
-        _ptrs(vs),
-        _ptrs(state_steps),
-        _ptrs(prods_in),
-        betas_t.data_ptr(),
-        prods_t.data_ptr(),
-        hp,
-        flags,
-    )
-    if rc != 0:
-        raise MemoryError("the fused AM-AdamW kernel could not allocate its workspace")
+    mode = _MODES[weight_decay_mode]
+    suffix = _SUFFIX[dtype]
+    reduce_fn, apply_fn = kernels.fn[f"adam_reduce_{suffix}"], kernels.fn[f"adam_apply_{suffix}"]
+    arrays = _Arrays(numels, addresses)
+    sums = torch.empty((n, 3), dtype=torch.float64)
+    sums_at, ib2_at, nt = sums.data_ptr(), ib2.data_ptr(), _threads()
+    itemsize = xs[0].element_size()
+    per_layer = config.per_layer
+    if per_layer:  # one bias correction per tensor (scope)
+        prods = _stack(beta1_prods, dtype)
+    else:
+        prods = beta1_prods[0].to("cpu", dtype).reshape(())
+    c = _coef(_rule.adam_correction(prods, config), dtype, tuple(prods.shape))
+    stride = int(per_layer)
+    # every argument prepared first: between the passes only the rule runs
+    plan = []
+    for a, b in _scopes(numels, per_layer, 4 * itemsize, sync):
+        head = (b - a, *arrays.at(a), c.data_ptr() + itemsize * a * stride, stride, ib2_at + 8 * a)
+        plan.append((head, sums_at + 24 * a, a, b))
+    parts = []
+    for head, sums_a, a, b in plan:
+        reduce_fn(*head, hp, nt, sums_a)
+        rows = _rows(sums, a, b, dtype, per_layer, sync)
+        beta = _coef(_rule.adam_beta(torch, rows, config, lr=lr, weight_decay=wd), dtype,
+                     rows.shape[:-1])  # fmt: skip
+        apply_fn(*head, beta.data_ptr(), stride, hp, mode, nt)
+        parts.append(beta)
     torch.autograd.graph.increment_version([*params, *exp_avgs, *exp_avg_sqs, *state_steps])
     if per_layer:
-        return list(betas_t.unbind()), list(prods_t.unbind())
-    return [betas_t] * n, [prods_t] * n
-
-
-# --------------------------------------------------------------------------- AMSGD
-
-
-def fused_amsgd(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor | None],
-    state_steps: list[Tensor],
-    *,
-    lr: float,
-    lam: float,
-    beta_max: float,
-    weight_decay: float,
-    per_layer: bool,
-    variant: str | None,
-    beta_min: float,
-    theta: float,
-    beta_high: float,
-    beta_low: float,
-    maximize: bool,
-) -> list[Tensor] | str:
-    """One AMSGD step with the fused kernels (in place), as ``_single_tensor_amsgd``.
-
-    A ``None`` momentum buffer is created as the gradient (step 0). Returns the
-    betas, or a string saying why the kernels cannot run this group (nothing
-    was modified then).
-    """
-    n = len(params)
-    if n == 0:
-        return []
-    lib = library()
-    if lib is None:
-        return f"the fused kernels are unavailable ({_state['error']})"
-    xs = [as_real(t) for t in params]
-    gs = [as_real(t) for t in grads]
-    dtype, why = _check_arrays([xs, gs])
-    if dtype is None:
-        return why
-    bufs = [None if b is None else as_real(b) for b in momentum_buffer_list]
-    for k, b in enumerate(bufs):
-        if b is not None and (
-            not _dense(b, dtype, xs[k].numel())
-            or b.data_ptr() in (xs[k].data_ptr(), gs[k].data_ptr())
-        ):
-            return "a momentum buffer is not a dense contiguous tensor like its parameter"
-    steps_double = _check_steps(state_steps)
-    if steps_double is None:
-        return "the step counters are not float CPU scalars"
-    for k, b in enumerate(bufs):
-        if b is None:  # step 0: d = g, formed as in _single_tensor_amsgd
-            # (the kernel forms g with its own rounding: d - g is then 0 or an ulp, and the
-            # zero-denominator guard gives beta = 0, as on step 0 of the reference)
-            grad = -grads[k] if maximize else grads[k]
-            if weight_decay != 0:
-                grad = grad.add(params[k], alpha=weight_decay)
-            buf = torch.clone(grad).detach()
-            momentum_buffer_list[k] = buf
-            bufs[k] = as_real(buf)
-    betas_t = torch.empty((n,) if per_layer else (), dtype=dtype)
-    numel = (ctypes.c_int64 * n)(*[x.numel() for x in xs])
-    hp = (ctypes.c_double * 8)(
-        lr, lam, beta_max, weight_decay, beta_min, theta, beta_high, beta_low
-    )
-    flags = (ctypes.c_int64 * 5)(
-        int(per_layer), int(maximize), _VARIANTS[variant], _threads(), steps_double
-    )
-    fn = getattr(lib, f"am_sgd_{_SUFFIX[dtype]}")
-    fn(
-        n,
-        numel,
-        _ptrs(xs),
-        _ptrs(gs),
-        _ptrs(bufs),
-        _ptrs(state_steps),
-        betas_t.data_ptr(),
-        hp,
-        flags,
-    )
-    torch.autograd.graph.increment_version(
-        [*params, *[b for b in momentum_buffer_list if b is not None], *state_steps]
-    )
-    return list(betas_t.unbind()) if per_layer else [betas_t] * n
+        beta = _concat(parts)
+        return list(beta.unbind()), list((prods * beta).unbind())
+    return [parts[0]] * n, [prods * parts[0]] * n

@@ -1,0 +1,103 @@
+"""Lazy (dask) arrays in :func:`amopt.minimize` and :mod:`amopt.problems`.
+
+A dask array is a task graph, not data: every arithmetic operation on it adds
+tasks, and ``float(a)`` runs the whole graph behind ``a``. Run naively, an
+iteration builds ``x_{t+1}`` on top of the graph of ``x_t``, so step ``t``
+recomputes all ``t`` steps before it and every scalar the loop reads (the
+objective, the rule's sums, the gradient norm) is one more such run.
+
+Here the loop keeps the cost of a step constant instead:
+
+* the iterate, the method's state (momentum buffers) and the gradient are
+  persisted after every step, so the graph of step ``t + 1`` starts from data
+  held in memory (in the process, or on the workers of a
+  ``dask.distributed`` cluster);
+* everything the loop needs to read for a step (the finiteness of the new
+  iterate, the objective and the gradient norm there, and the momentum
+  coefficient of the shared beta rule of :mod:`amopt._core`) is evaluated by
+  the same single ``dask.persist`` call that persists the arrays.
+
+:func:`session` is the hook called by the loop; it returns ``None`` (and
+imports nothing) unless the starting point holds dask arrays, recognised by
+``array_api_compat.is_dask_array``. dask is an optional dependency
+(``pip install amopt[dask]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+
+__all__ = ["design", "is_lazy", "session"]
+
+
+def is_lazy(arrays: Any) -> bool:
+    """True when any of ``arrays`` is a dask array."""
+    return any(array_api_compat.is_dask_array(a) for a in arrays)
+
+
+def session(
+    layout: Any,
+    objective: Any,
+    step: Any,
+    *,
+    full_batch: bool,
+    weight_decay: float = 0.0,
+    decay_in_f: bool = False,
+) -> Any:
+    r"""The loop's hook: a :class:`~amopt._lazy._session.LazySession` for dask arrays.
+
+    Parameters
+    ----------
+    layout, objective, step
+        The loop's structure of ``x0``, objective wrapper and core step.
+    full_batch : bool
+        Whether the loop evaluates the full objective after every step (else it
+        evaluates mini-batches before every step).
+    weight_decay : float
+        The loop's coupled weight decay :math:`\mu` (it steps with :math:`g + \mu x`).
+    decay_in_f : bool
+        Whether the loop adds :math:`\frac{\mu}{2}\|x\|^2` to the objective it steps with.
+
+    Returns
+    -------
+    LazySession or None
+        ``None`` when ``x0`` holds no dask array: the loop then runs unchanged.
+        Otherwise an object whose ``layout``, ``objective`` and ``step`` stand in
+        for the loop's own.
+    """
+    if not is_lazy(layout.arrays):
+        return None
+    from amopt._lazy._session import LazySession
+
+    return LazySession(
+        layout,
+        objective,
+        step,
+        full_batch=full_batch,
+        weight_decay=weight_decay,
+        decay_in_f=decay_in_f,
+    )
+
+
+def design(X: Any, targets: Any) -> Any:
+    """A chunked design for the problems when ``X`` is a dask array, else ``None``.
+
+    Parameters
+    ----------
+    X : array_like
+        The design matrix given to a problem.
+    targets : numpy.ndarray or dask.array.Array
+        Its targets (regression values or encoded labels).
+
+    Returns
+    -------
+    DaskDesign or None
+        See :class:`amopt._lazy._design.DaskDesign`.
+    """
+    if not array_api_compat.is_dask_array(X):
+        return None
+    from amopt._lazy._design import DaskDesign
+
+    return DaskDesign(X, targets)

@@ -1,0 +1,98 @@
+/* Helpers shared by every ISA variant of the fused kernels (am_fused.c). */
+#ifndef AM_FUSED_COMMON_H
+#define AM_FUSED_COMMON_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define AM_ABI_VERSION 2
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AM_X86_SIMD 1
+#else
+#define AM_X86_SIMD 0
+#endif
+
+#if defined(_WIN32)
+#define AM_EXPORT __declspec(dllexport)
+#else
+#define AM_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* Elements per block: each block's sums are accumulated in the parameter dtype (in
+   vector lanes), then added to double accumulators. */
+#define AM_BLOCK 256
+/* Tensors of at least this many elements are split across the OpenMP threads. */
+#define AM_PAR_MIN 65536
+#define AM_MAX_SUMS 3
+#define AM_MAX_THREADS 256
+#define AM_INLINE static inline __attribute__((always_inline))
+/* The apply pass walks a range in chunks of AM_CHUNK elements taken from the end: the
+   chunks the reduce pass read last are still in the last-level cache. Each chunk is
+   walked forwards, the direction the hardware prefetchers follow best. There is no
+   software prefetching: measured on AVX-512 and AVX2 code, a prefetch 1-4 KiB ahead
+   of each stream made both passes 10-30 % slower than the hardware prefetchers alone. */
+#define AM_CHUNK 262144
+#define AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)                                                  \
+    for (int64_t c1 = (hi); c1 > (lo); c1 -= AM_CHUNK) {                                     \
+        int64_t c0 = c1 - AM_CHUNK > (lo) ? c1 - AM_CHUNK : (lo);
+#define AM_CHUNKS_END }
+
+/* Neumaier-compensated double sum of the block sums: at least as accurate as torch.sum,
+   and deterministic for a given number of threads. */
+typedef struct {
+    double s, c;
+} am_sum;
+
+static inline void am_add(am_sum *a, double x) {
+    double t = a->s + x;
+    if (isfinite(t)) {
+        if (fabs(a->s) >= fabs(x))
+            a->c += (a->s - t) + x;
+        else
+            a->c += (x - t) + a->s;
+    }
+    a->s = t;
+}
+
+static inline double am_value(const am_sum *a) { return isfinite(a->s) ? a->s + a->c : a->s; }
+
+static inline int am_nthreads(int64_t n, int64_t requested) {
+    if (requested > AM_MAX_THREADS) requested = AM_MAX_THREADS;
+    return (requested > 1 && n >= AM_PAR_MIN) ? (int)requested : 1;
+}
+
+/* Contiguous, cache-line aligned ranges, the same in both passes over a tensor. */
+static inline void am_range(int64_t n, int tid, int nthr, int64_t *lo, int64_t *hi) {
+    int64_t a = (n * tid) / nthr, b = (n * (tid + 1)) / nthr;
+    if (tid > 0) a &= ~(int64_t)15;
+    if (tid < nthr - 1) b &= ~(int64_t)15;
+    *lo = a;
+    *hi = b;
+}
+
+/* Per-thread partial sums, added in thread order. */
+static inline void am_combine(am_sum *parts, int nthr, int nsums, double *out) {
+    for (int k = 0; k < nsums; k++) {
+        am_sum acc = {0.0, 0.0};
+        for (int t = 0; t < nthr; t++) am_add(&acc, am_value(&parts[t * AM_MAX_SUMS + k]));
+        out[k] = am_value(&acc);
+    }
+}
+
+#define AM_THREAD_ID(tid, T)                                                                 \
+    int tid = 0, T = 1;                                                                      \
+    AM_THREAD_ID_OMP(tid, T)
+#ifdef _OPENMP
+#define AM_THREAD_ID_OMP(tid, T)                                                             \
+    tid = omp_get_thread_num();                                                              \
+    T = omp_get_num_threads();
+#else
+#define AM_THREAD_ID_OMP(tid, T)
+#endif
+
+#endif /* AM_FUSED_COMMON_H */

@@ -1,0 +1,355 @@
+/* The reduce and apply kernels, instantiated by am_fused.c once per (ISA, dtype):
+ * AM_ISA names the variant (base, avx2, avx512) and AM_DOUBLE picks the dtype.
+ * No include guard: this file is meant to be included several times.
+ *
+ * Arithmetic: elementwise values are formed in the parameter dtype, as in the
+ * single-tensor reference paths, with rewrites that trade divisions for
+ * multiplications: p = c (eps + sqrt(v / bias2)) as sqrt(v) (c sqrt(1/bias2)) + c eps;
+ * 1/p, u = 1/(1 + lam p) and (beta + lam p)/(1 + lam p) from the single reciprocal
+ * w = 1 / (p (1 + lam p)); w (d^2 + g^2) for w d^2 + w g^2; fused multiply-adds where
+ * the compiler finds them. Each block of AM_BLOCK elements is summed in the parameter
+ * dtype (the numerator as its five weighted partial sums, combined in double) and the
+ * block sums are added in double precision with compensation (am_add).
+ *
+ * The gradient enters every kernel as g * gmul, gmul = (maximize ? -1 : 1) / grad_scale,
+ * exact for the power-of-two scales of torch.amp.GradScaler.
+ */
+
+#if AM_DOUBLE
+#define TYPE double
+#define SUF f64
+#define SQRT sqrt
+#else
+#define TYPE float
+#define SUF f32
+#define SQRT sqrtf
+#endif
+
+#define AM_FN_(name, suf, isa) am_##name##_##suf##_##isa
+#define AM_FN2(name, suf, isa) AM_FN_(name, suf, isa)
+#define AM_FN(name) AM_FN2(name, SUF, AM_ISA)
+
+/* ================================================================== AMSGD */
+
+/* reduce over [lo, hi): <v,v>, <g,g>, <d,d> with v = d - g (first: d = g). */
+AM_INLINE void AM_FN(sgd_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
+                                       const TYPE *restrict g, const TYPE *restrict d,
+                                       const TYPE gmul, const TYPE wd, const int has_wd,
+                                       const int first, am_sum *acc) {
+    for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
+        int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
+        TYPE bv = 0, bg = 0, bd = 0;
+#pragma omp simd reduction(+ : bv, bg, bd)
+        for (int64_t i = b0; i < b1; i++) {
+            TYPE gi = g[i] * gmul;
+            if (has_wd) gi = gi + wd * x[i];
+            TYPE di = first ? gi : d[i];
+            TYPE dv = di - gi;
+            bv += dv * dv;
+            bg += gi * gi;
+            bd += di * di;
+        }
+        am_add(&acc[0], (double)bv);
+        am_add(&acc[1], (double)bg);
+        am_add(&acc[2], (double)bd);
+    }
+}
+
+static void AM_FN(sgd_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, const TYPE *d,
+                                  TYPE gmul, TYPE wd, int first, int64_t nt, double *out) {
+    int nthr = am_nthreads(n, nt);
+    am_sum parts[AM_MAX_SUMS * AM_MAX_THREADS];
+    const int has_wd = wd != (TYPE)0;
+    int used = 1;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+    {
+        AM_THREAD_ID(tid, T)
+        if (tid == 0) used = T;
+        int64_t lo, hi;
+        am_range(n, tid, T, &lo, &hi);
+        am_sum *acc = &parts[tid * AM_MAX_SUMS];
+        for (int j = 0; j < AM_MAX_SUMS; j++) acc[j].s = acc[j].c = 0.0;
+        /* one specialised loop per combination of the flags */
+        if (first) {
+            if (has_wd) AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 1, 1, acc);
+            else AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 0, 1, acc);
+        } else {
+            if (has_wd) AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 1, 0, acc);
+            else AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 0, 0, acc);
+        }
+    }
+    am_combine(parts, used, 3, out);
+}
+
+/* hp: gmul, wd, lr. first[j] != 0: d_j is not initialised yet (step 0, d = g).
+   sums: count x 3 doubles, [vv, gg, dd] of each tensor. */
+AM_EXPORT int AM_FN(sgd_reduce)(int64_t count, const int64_t *numel, void *const *xs,
+                                void *const *gs, void *const *ds, const uint8_t *first,
+                                const double *hp, int64_t nthreads, double *sums) {
+    const TYPE gmul = (TYPE)hp[0], wd = (TYPE)hp[1];
+    for (int64_t j = 0; j < count; j++)
+        AM_FN(sgd_reduce_one)(numel[j], (const TYPE *)xs[j], (const TYPE *)gs[j],
+                              (const TYPE *)ds[j], gmul, wd, first[j] != 0, nthreads,
+                              sums + 3 * j);
+    return 0;
+}
+
+/* apply over [lo, hi): d = g + gamma (d - g) (d = g when first), x -= lr d. */
+AM_INLINE void AM_FN(sgd_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
+                                      const TYPE *restrict g, TYPE *restrict d,
+                                      const TYPE gamma, const TYPE mlr, const TYPE gmul,
+                                      const TYPE wd, const int has_wd, const int first) {
+    AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
+    for (int64_t b0 = c0; b0 < c1; b0 += AM_BLOCK) {
+        int64_t b1 = b0 + AM_BLOCK < c1 ? b0 + AM_BLOCK : c1;
+#pragma omp simd
+        for (int64_t i = b0; i < b1; i++) {
+            TYPE gi = g[i] * gmul, xi = x[i];
+            if (has_wd) gi = gi + wd * xi;
+            TYPE dn = first ? gi : (d[i] - gi) * gamma + gi;
+            d[i] = dn;
+            x[i] = xi + mlr * dn;
+        }
+    }
+    AM_CHUNKS_END
+}
+
+static void AM_FN(sgd_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, TYPE gamma,
+                                 TYPE mlr, TYPE gmul, TYPE wd, int first, int64_t nt) {
+    int nthr = am_nthreads(n, nt);
+    const int has_wd = wd != (TYPE)0;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+    {
+        AM_THREAD_ID(tid, T)
+        int64_t lo, hi;
+        am_range(n, tid, T, &lo, &hi);
+        if (first) {
+            if (has_wd) AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 1, 1);
+            else AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 0, 1);
+        } else {
+            if (has_wd) AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 1, 0);
+            else AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 0, 0);
+        }
+    }
+}
+
+/* gamma[j * gamma_stride] is the coefficient of tensor j (stride 0: one for all).
+   The tensors are walked from the last to the first: the last ones reduced are the
+   ones still in cache. */
+AM_EXPORT int AM_FN(sgd_apply)(int64_t count, const int64_t *numel, void *const *xs,
+                               void *const *gs, void *const *ds, const uint8_t *first,
+                               const TYPE *gamma, int64_t gamma_stride, const double *hp,
+                               int64_t nthreads) {
+    const TYPE gmul = (TYPE)hp[0], wd = (TYPE)hp[1], mlr = (TYPE)(-hp[2]);
+    for (int64_t j = count - 1; j >= 0; j--)
+        AM_FN(sgd_apply_one)(numel[j], (TYPE *)xs[j], (const TYPE *)gs[j], (TYPE *)ds[j],
+                             gamma[j * gamma_stride], mlr, gmul, wd, first[j] != 0, nthreads);
+    return 0;
+}
+
+/* ================================================================== AM-Adam(W) */
+
+/* Constants of one tensor, in the parameter dtype. With cs = c sqrt(1/bias2) and
+   ce = c eps, the preconditioner is p = c (eps + sqrt(v / bias2)) = sqrt(v) cs + ce. */
+typedef struct {
+    TYPE gmul, l2, beta2, omb2, cs, ce, lam, mlr, decay, shrink;
+    double a[5];
+} AM_FN(adam_k);
+
+/* hp: gmul, l2, beta2, eps, lam, lr, decay, shrink, a0, a1, a2, a3, a4 */
+static inline AM_FN(adam_k)
+    AM_FN(adam_constants)(const double *hp, TYPE c, double ib2) {
+    AM_FN(adam_k) k;
+    k.gmul = (TYPE)hp[0];
+    k.l2 = (TYPE)hp[1];
+    k.beta2 = (TYPE)hp[2];
+    k.omb2 = (TYPE)(1.0 - hp[2]);
+    k.cs = (TYPE)((double)c * sqrt(ib2));
+    k.ce = (TYPE)((double)c * hp[3]);
+    k.lam = (TYPE)hp[4];
+    k.mlr = (TYPE)(-hp[5]);
+    k.decay = (TYPE)hp[6];
+    k.shrink = (TYPE)hp[7];
+    for (int q = 0; q < 5; q++) k.a[q] = hp[8 + q];
+    return k;
+}
+
+/* reduce over [lo, hi): v update, then with w = 1/(p (1 + lam p)), 1/p = w (1 + lam p),
+   u = 1/(1 + lam p) = p w and e = w (d-g)^2 the five numerator sums
+     S0 = sum g^2/p, S1 = sum u (d-g)^2 = sum p e, S2 = sum g d/p, S3 = sum g x, S4 = sum d x
+   (S2..S4 only when one of their weights is nonzero), D = sum e and ref = sum w (d^2 + g^2).
+   Each block's N = sum_k a_k S_k is formed in double. */
+AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
+                                        const TYPE *restrict g, const TYPE *restrict d,
+                                        TYPE *restrict v, const AM_FN(adam_k) *k,
+                                        const int has_gmul, const int has_l2,
+                                        const int has_x, am_sum *acc) {
+    const TYPE gmul = k->gmul, l2 = k->l2, beta2 = k->beta2, omb2 = k->omb2;
+    const TYPE cs = k->cs, ce = k->ce, lam = k->lam;
+    const double *a = k->a;
+    for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
+        int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
+        TYPE s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, sd = 0, sr = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, sd, sr)
+        for (int64_t i = b0; i < b1; i++) {
+            TYPE gi = g[i], di = d[i];
+            if (has_gmul) gi = gi * gmul;
+            if (has_l2) gi = gi + l2 * x[i];
+            TYPE gg = gi * gi;
+            TYPE vn = v[i] * beta2 + omb2 * gg;
+            v[i] = vn;
+            TYPE p = SQRT(vn) * cs + ce;
+            TYPE one_lp = (TYPE)1 + lam * p;
+            TYPE w = (TYPE)1 / (p * one_lp);
+            TYPE ip = w * one_lp;
+            TYPE dv = di - gi;
+            TYPE e = w * (dv * dv);
+            s0 += ip * gg;
+            s1 += p * e;
+            if (has_x) {
+                TYPE xi = x[i];
+                s2 += ip * (gi * di);
+                s3 += gi * xi;
+                s4 += di * xi;
+            }
+            sd += e;
+            sr += w * (di * di + gg);
+        }
+        double num = a[0] * (double)s0 + a[1] * (double)s1;
+        if (has_x) num += a[2] * (double)s2 + a[3] * (double)s3 + a[4] * (double)s4;
+        am_add(&acc[0], num);
+        am_add(&acc[1], (double)sd);
+        am_add(&acc[2], (double)sr);
+    }
+}
+
+static void AM_FN(adam_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, const TYPE *d,
+                                   TYPE *v, const AM_FN(adam_k) *k, int64_t nt, double *out) {
+    int nthr = am_nthreads(n, nt);
+    am_sum parts[AM_MAX_SUMS * AM_MAX_THREADS];
+    const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
+    const int has_x = k->a[2] != 0.0 || k->a[3] != 0.0 || k->a[4] != 0.0;
+    int used = 1;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+    {
+        AM_THREAD_ID(tid, T)
+        if (tid == 0) used = T;
+        int64_t lo, hi;
+        am_range(n, tid, T, &lo, &hi);
+        am_sum *acc = &parts[tid * AM_MAX_SUMS];
+        for (int j = 0; j < AM_MAX_SUMS; j++) acc[j].s = acc[j].c = 0.0;
+        /* specialised loops for the common cases, one general loop for the rest */
+        if (has_gmul || has_l2)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, has_l2, has_x, acc);
+        else if (has_x)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, 1, acc);
+        else
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, 0, acc);
+    }
+    am_combine(parts, used, 3, out);
+}
+
+/* c[j * c_stride]: bias correction 1 - beta1_max prod of tensor j's scope; ib2[j]:
+   1 / (1 - beta2^step_j). sums: count x 3 doubles, [N, D, ref] of each tensor. */
+AM_EXPORT int AM_FN(adam_reduce)(int64_t count, const int64_t *numel, void *const *xs,
+                                 void *const *gs, void *const *ds, void *const *vs,
+                                 const TYPE *c, int64_t c_stride, const double *ib2,
+                                 const double *hp, int64_t nthreads, double *sums) {
+    for (int64_t j = 0; j < count; j++) {
+        AM_FN(adam_k) k = AM_FN(adam_constants)(hp, c[j * c_stride], ib2[j]);
+        AM_FN(adam_reduce_one)(numel[j], (const TYPE *)xs[j], (const TYPE *)gs[j],
+                               (const TYPE *)ds[j], (TYPE *)vs[j], &k, nthreads,
+                               sums + 3 * j);
+    }
+    return 0;
+}
+
+/* x update of the apply pass: mode 0 (decoupled) x = decay x - lr s, mode 1 (proximal)
+   x = shrink (x - lr s), with s = d / p. */
+#define AM_X_UPDATE(xi, s, mlr, decay, shrink, mode, has_wd)                                 \
+    do {                                                                                     \
+        if ((mode) == 1) {                                                                   \
+            xi = xi + (mlr) * (s);                                                           \
+            if (has_wd) xi = xi * (shrink);                                                  \
+        } else {                                                                             \
+            if (has_wd) xi = xi * (decay);                                                   \
+            xi = xi + (mlr) * (s);                                                           \
+        }                                                                                    \
+    } while (0)
+
+/* apply over [lo, hi), recomputing p from v:
+   d = g + (beta + lam p)/(1 + lam p) (d - g), then the x update. */
+AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
+                                       const TYPE *restrict g, TYPE *restrict d,
+                                       const TYPE *restrict v, const AM_FN(adam_k) *k,
+                                       const TYPE beta, const int has_gmul, const int has_l2,
+                                       const int mode, const int has_wd) {
+    const TYPE gmul = k->gmul, l2 = k->l2, cs = k->cs, ce = k->ce, lam = k->lam;
+    const TYPE mlr = k->mlr, decay = k->decay, shrink = k->shrink;
+    AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
+    for (int64_t b0 = c0; b0 < c1; b0 += AM_BLOCK) {
+        int64_t b1 = b0 + AM_BLOCK < c1 ? b0 + AM_BLOCK : c1;
+#pragma omp simd
+        for (int64_t i = b0; i < b1; i++) {
+            TYPE gi = g[i], xi = x[i];
+            if (has_gmul) gi = gi * gmul;
+            if (has_l2) gi = gi + l2 * xi;
+            TYPE p = SQRT(v[i]) * cs + ce;
+            TYPE lp = lam * p;
+            TYPE one_lp = (TYPE)1 + lp;
+            TYPE w = (TYPE)1 / (p * one_lp);
+            TYPE coef = (beta + lp) * (p * w); /* (beta + lam p) / (1 + lam p) */
+            TYPE dn = (d[i] - gi) * coef + gi;
+            d[i] = dn;
+            AM_X_UPDATE(xi, dn * (one_lp * w), mlr, decay, shrink, mode, has_wd);
+            x[i] = xi;
+        }
+    }
+    AM_CHUNKS_END
+}
+
+static void AM_FN(adam_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, const TYPE *v,
+                                  const AM_FN(adam_k) *k, TYPE beta, int mode, int64_t nt) {
+    int nthr = am_nthreads(n, nt);
+    const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
+    const int has_wd = mode == 1 ? k->shrink != (TYPE)1 : k->decay != (TYPE)1;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+    {
+        AM_THREAD_ID(tid, T)
+        int64_t lo, hi;
+        am_range(n, tid, T, &lo, &hi);
+        if (has_gmul || has_l2) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, has_l2, mode, has_wd);
+        } else if (mode == 1) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 1, has_wd);
+        } else if (has_wd) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 0, 1);
+        } else {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 0, 0);
+        }
+    }
+}
+
+/* beta[j * beta_stride]: beta of tensor j's scope (stride 0: one for all); mode 0
+   decoupled (also AM-Adam's l2, with decay 1), 1 proximal. Last tensor first. */
+AM_EXPORT int AM_FN(adam_apply)(int64_t count, const int64_t *numel, void *const *xs,
+                                void *const *gs, void *const *ds, void *const *vs,
+                                const TYPE *c, int64_t c_stride, const double *ib2,
+                                const TYPE *beta, int64_t beta_stride, const double *hp,
+                                int64_t mode, int64_t nthreads) {
+    for (int64_t j = count - 1; j >= 0; j--) {
+        AM_FN(adam_k) k = AM_FN(adam_constants)(hp, c[j * c_stride], ib2[j]);
+        AM_FN(adam_apply_one)(numel[j], (TYPE *)xs[j], (const TYPE *)gs[j], (TYPE *)ds[j],
+                              (const TYPE *)vs[j], &k, beta[j * beta_stride], (int)mode,
+                              nthreads);
+    }
+    return 0;
+}
+
+#undef AM_FN
+#undef AM_FN2
+#undef AM_FN_
+#undef TYPE
+#undef SUF
+#undef SQRT
+#undef AM_DOUBLE

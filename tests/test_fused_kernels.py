@@ -1,0 +1,658 @@
+"""The fused CPU kernels of ``amopt.torch._fused``: reduce, apply, driver, loading.
+
+* Each exported REDUCE / APPLY kernel, in every ISA variant this CPU runs, against
+  the formulas of ``docs/algorithms.md`` evaluated here in NumPy float64.
+* The driver: the rule is the one of ``amopt._rule`` (looked up at call time), the
+  chunking of per-layer scopes does not change the iterates, ``grad_scale`` and
+  ``found_inf`` follow ``torch.amp.GradScaler``'s fused protocol, and the fallback
+  reasons name the real cause.
+* Loading compiled code: a library planted where kernels were once built is never
+  loaded, a corrupt cached library is rebuilt, a cache directory that another user
+  could write is refused, and so is a stale or unsafe install-time library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amopt import _rule  # noqa: E402
+from amopt._config import AMConfig  # noqa: E402
+from amopt.torch import _fused  # noqa: E402
+from amopt.torch._amadamw import _fused_am_adamw  # noqa: E402
+
+if _fused.library() is None:
+    pytest.skip(
+        f"no fused kernels here: {_fused.fused_status()['error']}", allow_module_level=True
+    )
+
+KERNELS = _fused.library()
+LEVELS = [isa for level, isa in enumerate(_fused.ISAS) if level <= KERNELS.cpu_level]
+DTYPES = {"f64": (torch.float64, 1e-12), "f32": (torch.float32, 2e-5)}
+RNG_SEED = 20260101
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _bind(kernel: str, suffix: str, isa: str):
+    """The exported kernel ``am_<kernel>_<suffix>_<isa>`` with the driver's signature."""
+    fn = getattr(KERNELS.lib, f"am_{kernel}_{suffix}_{isa}")
+    fn.argtypes = KERNELS.fn[f"{kernel}_{suffix}"].argtypes
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _tensors(sizes, count, dtype, seed, positive=()):
+    """``count`` lists of random tensors with the given sizes (entries of ``positive`` > 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for k in range(count):
+        ts = [torch.randn(n, generator=gen, dtype=torch.float64) for n in sizes]
+        if k in positive:
+            ts = [t.abs() + 0.1 for t in ts]
+        out.append([t.to(dtype) for t in ts])
+    return out
+
+
+def _f64(ts):
+    return [t.double().numpy().copy() for t in ts]
+
+
+def _arrays(sizes, *lists):
+    return _fused._Arrays(sizes, [[t.data_ptr() for t in ts] for ts in lists])
+
+
+def _close(actual, expected, tol, what):
+    """Equal up to ``tol`` relative to the largest magnitude (elementwise cancellation)."""
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=what)
+
+
+@pytest.fixture
+def fresh_library(monkeypatch, tmp_path):
+    """A library state to be found again, with no install-time library and a cache in tmp."""
+    monkeypatch.setattr(_fused, "_state", {"tried": False, "lib": None, "error": None})
+    monkeypatch.setattr(_fused, "installed_library", lambda: None)
+    monkeypatch.setenv("AMOPT_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("AMOPT_CPU_FEATURES", raising=False)
+    return tmp_path / "cache"
+
+
+def _compile(tmp: Path, name: str, code: str, *flags: str) -> Path:
+    cc = _fused._compiler()
+    if not cc:
+        pytest.skip("no C compiler")
+    src = tmp / f"{name}.c"
+    src.write_text(code)
+    out = tmp / f"{name}.so"
+    subprocess.run([*cc, "-shared", "-fPIC", *flags, str(src), "-o", str(out)], check=True)
+    return out
+
+
+def _planted_library(tmp: Path, marker: Path) -> Path:
+    """A library whose constructor creates ``marker``: it must never be loaded."""
+    code = (
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void planted(void) {\n"
+        f'    FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("loaded", f); fclose(f); }}\n'
+        "}\n"
+        "int am_abi_version(void) { return %d; }\n" % _fused.ABI_VERSION
+    )
+    return _compile(tmp, "planted", code)
+
+
+# --------------------------------------------------------------------------- AMSGD kernels
+
+
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("suffix", DTYPES)
+@pytest.mark.parametrize("wd, gmul", [(0.0, 1.0), (0.05, -0.25)])
+def test_sgd_reduce_and_apply_match_the_formulas(isa, suffix, wd, gmul):
+    dtype, tol = DTYPES[suffix]
+    sizes = [1000, 37, 70001]
+    xs, gs, ds = _tensors(sizes, 3, dtype, RNG_SEED)
+    x0, g0, d0 = _f64(xs), _f64(gs), _f64(ds)
+    first = (ctypes.c_uint8 * 3)(0, 1, 0)  # tensor 1: step 0, d = g
+    hp = (ctypes.c_double * 3)(gmul, wd, 0.1)
+    arrays = _arrays(sizes, xs, gs, ds)
+    numel, x, g, d = arrays.at(0)
+    sums = torch.zeros((3, 3), dtype=torch.float64)
+    assert _bind("sgd_reduce", suffix, isa)(3, numel, x, g, d, ctypes.addressof(first), hp, 1,
+                                           sums.data_ptr()) == 0  # fmt: skip
+    gammas = torch.tensor([0.3, 0.7, 0.55], dtype=dtype)
+    _bind("sgd_apply", suffix, isa)(3, numel, x, g, d, ctypes.addressof(first),
+                                    gammas.data_ptr(), 1, hp, 1)  # fmt: skip
+    for k in range(3):
+        gk = g0[k] * gmul + wd * x0[k]
+        dk = gk if k == 1 else d0[k]
+        v = dk - gk
+        expected = [v @ v, gk @ gk, dk @ dk]
+        _close(sums[k].numpy(), expected, tol, f"sums of tensor {k}")
+        dn = gk + float(gammas[k]) * (dk - gk)
+        _close(_f64([ds[k]])[0], dn, tol, f"d of tensor {k}")
+        _close(_f64([xs[k]])[0], x0[k] - 0.1 * dn, tol, f"x of tensor {k}")
+
+
+def test_sgd_apply_one_gamma_for_all_with_stride_zero():
+    sizes = [5, 9]
+    xs, gs, ds = _tensors(sizes, 3, torch.float64, 1)
+    x0, g0, d0 = _f64(xs), _f64(gs), _f64(ds)
+    first = (ctypes.c_uint8 * 2)()
+    hp = (ctypes.c_double * 3)(1.0, 0.0, 0.5)
+    arrays = _arrays(sizes, xs, gs, ds)
+    numel, x, g, d = arrays.at(0)
+    gamma = torch.tensor(0.25, dtype=torch.float64)
+    KERNELS.fn["sgd_apply_f64"](2, numel, x, g, d, ctypes.addressof(first), gamma.data_ptr(),
+                                0, hp, 1)  # fmt: skip
+    for k in range(2):
+        dn = g0[k] + 0.25 * (d0[k] - g0[k])
+        np.testing.assert_allclose(ds[k].numpy(), dn, rtol=1e-15)
+        np.testing.assert_allclose(xs[k].numpy(), x0[k] - 0.5 * dn, rtol=1e-15)
+
+
+# --------------------------------------------------------------------------- AM-Adam kernels
+
+
+def _adam_reference(x, g, d, v, *, c, ib2, gmul, l2, beta2, eps, lam, weights):
+    g = g * gmul + l2 * x
+    v = beta2 * v + (1 - beta2) * g * g
+    p = c * (eps + np.sqrt(v * ib2))
+    u = 1 / (1 + lam * p)
+    w = u / p
+    terms = [g * g / p, u * (d - g) ** 2, g * d / p, g * x, d * x]
+    num = sum(a * np.sum(t) for a, t in zip(weights, terms, strict=True))
+    den = np.sum(w * (d - g) ** 2)
+    ref = np.sum(w * d * d) + np.sum(w * g * g)
+    return g, v, p, [num, den, ref]
+
+
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("suffix", DTYPES)
+@pytest.mark.parametrize("mode", ["decoupled", "proximal", "l2"])
+@pytest.mark.parametrize("gmul", [1.0, -0.125])
+def test_adam_reduce_and_apply_match_the_formulas(isa, suffix, mode, gmul):
+    dtype, tol = DTYPES[suffix]
+    sizes = [3000, 17, 70001]
+    xs, gs, ds, vs = _tensors(sizes, 4, dtype, RNG_SEED + 1, positive=(3,))
+    for t in ds:
+        t.mul_(0.3)
+    x0, g0, d0, v0 = _f64(xs), _f64(gs), _f64(ds), _f64(vs)
+    lr, beta2, eps, lam, wd = 0.01, 0.99, 1e-3, 0.2, 0.1
+    cfg = AMConfig(lam=lam, beta_max=0.9, numerator="linear")
+    rule_wd = 0.0 if mode == "l2" else wd
+    weights = _rule.adam_weights(cfg, lr=lr, weight_decay=rule_wd)
+    decay = 1 - lr * wd if mode == "decoupled" else 1.0
+    shrink = 1 / (1 + lr * wd) if mode == "proximal" else 1.0
+    l2 = wd if mode == "l2" else 0.0
+    hp = (ctypes.c_double * 13)(gmul, l2, beta2, eps, lam, lr, decay, shrink, *weights)
+    c = torch.tensor([0.5, 0.8, 0.3], dtype=dtype)
+    ib2 = torch.tensor([10.0, 2.0, 1.5], dtype=torch.float64)
+    arrays = _arrays(sizes, xs, gs, ds, vs)  # keeps the address arrays alive
+    numel, x, g, d, v = arrays.at(0)
+    sums = torch.zeros((3, 3), dtype=torch.float64)
+    _bind("adam_reduce", suffix, isa)(3, numel, x, g, d, v, c.data_ptr(), 1, ib2.data_ptr(),
+                                      hp, 1, sums.data_ptr())  # fmt: skip
+    betas = torch.tensor([0.0, 0.45, 0.9], dtype=dtype)
+    _bind("adam_apply", suffix, isa)(3, numel, x, g, d, v, c.data_ptr(), 1, ib2.data_ptr(),
+                                     betas.data_ptr(), 1, hp, _fused._MODES[mode], 1)  # fmt: skip
+    for k in range(3):
+        gk, vk, p, expected = _adam_reference(
+            x0[k], g0[k], d0[k], v0[k], c=float(c[k]), ib2=float(ib2[k]), gmul=gmul, l2=l2,
+            beta2=beta2, eps=eps, lam=lam, weights=weights,
+        )  # fmt: skip
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(sums[k].numpy(), expected, rtol=tol, atol=tol * scale)
+        _close(_f64([vs[k]])[0], vk, tol, f"v of tensor {k}")
+        coef = (float(betas[k]) + lam * p) / (1 + lam * p)
+        dn = gk + coef * (d0[k] - gk)
+        _close(_f64([ds[k]])[0], dn, tol, f"d of tensor {k}")
+        if mode == "proximal":
+            xn = (x0[k] - lr * dn / p) / (1 + lr * wd)
+        else:
+            xn = decay * x0[k] - lr * dn / p
+        _close(_f64([xs[k]])[0], xn, tol, f"x of tensor {k}")
+
+
+@pytest.mark.parametrize("kernel", ["sgd", "adam"])
+def test_threads_split_large_tensors_to_the_same_result(kernel):
+    """A tensor above the OpenMP threshold gives the single-thread sums and updates."""
+    if not KERNELS.openmp:
+        pytest.skip("kernels built without OpenMP")
+    sizes = [300_001]
+    results = []
+    for nt in (1, 3):
+        ts = _tensors(sizes, 4, torch.float64, 5, positive=(3,))
+        arrays = _arrays(sizes, *ts)
+        numel, x, g, d, v = arrays.at(0)
+        sums = torch.zeros((1, 3), dtype=torch.float64)
+        coef = torch.tensor([0.6], dtype=torch.float64)
+        if kernel == "sgd":
+            first = (ctypes.c_uint8 * 1)()
+            hp = (ctypes.c_double * 3)(1.0, 0.01, 0.1)
+            KERNELS.fn["sgd_reduce_f64"](1, numel, x, g, d, ctypes.addressof(first), hp, nt,
+                                         sums.data_ptr())  # fmt: skip
+            KERNELS.fn["sgd_apply_f64"](1, numel, x, g, d, ctypes.addressof(first),
+                                        coef.data_ptr(), 1, hp, nt)  # fmt: skip
+        else:
+            hp = (ctypes.c_double * 13)(1.0, 0, 0.99, 1e-8, 0.1, 1e-3, 0.9999, 1, 1, -0.1, 0, 0, 0)
+            c, ib2 = torch.tensor([0.1], dtype=torch.float64), torch.tensor([100.0]).double()
+            KERNELS.fn["adam_reduce_f64"](1, numel, x, g, d, v, c.data_ptr(), 1, ib2.data_ptr(),
+                                          hp, nt, sums.data_ptr())  # fmt: skip
+            KERNELS.fn["adam_apply_f64"](1, numel, x, g, d, v, c.data_ptr(), 1, ib2.data_ptr(),
+                                         coef.data_ptr(), 1, hp, 0, nt)  # fmt: skip
+        results.append((sums.clone(), [t[0].clone() for t in ts]))
+    (s1, t1), (s3, t3) = results
+    np.testing.assert_allclose(s3.numpy(), s1.numpy(), rtol=1e-13)
+    for a, b in zip(t3, t1, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-14)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _adam_group(sizes, dtype=torch.float64, seed=3):
+    x, g = _tensors(sizes, 2, dtype, seed)
+    d = [torch.zeros_like(t) for t in x]
+    v = [torch.zeros_like(t) for t in x]
+    steps = [torch.zeros((), dtype=torch.float32) for _ in x]
+    prods = [torch.ones((), dtype=dtype) for _ in x]
+    return x, g, d, v, steps, prods
+
+
+ADAM_HYPER = {
+    "lr": 0.01,
+    "beta2": 0.99,
+    "eps": 1e-8,
+    "weight_decay": 0.1,
+    "weight_decay_mode": "decoupled",
+    "maximize": False,
+}
+
+
+def _adam_steps(group, grads_at, n_steps, per_layer=True, **extra):
+    cfg = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=per_layer)
+    x, _, d, v, steps, prods = group
+    out = None
+    for t in range(n_steps):
+        out = _fused.fused_am_adamw(
+            x, grads_at(t), d, v, steps, prods, **ADAM_HYPER, config=cfg, **extra
+        )
+        if out is not None and not isinstance(out, str):
+            prods = out[1]
+    return out, prods
+
+
+def _grads_at(sizes, dtype=torch.float64):
+    return lambda t: _tensors(sizes, 1, dtype, 100 + t)[0]
+
+
+def test_per_layer_chunks_do_not_change_the_iterates(monkeypatch):
+    """One tensor per chunk and one chunk for all give the same iterates, bit for bit."""
+    sizes = [4000, 3, 9000, 500]
+    runs = []
+    for chunk in ("1", str(10**9)):
+        monkeypatch.setenv("AMOPT_FUSED_CHUNK_BYTES", chunk)
+        group = _adam_group(sizes)
+        (betas, _), prods = _adam_steps(group, _grads_at(sizes), 5)
+        runs.append((group, betas, prods))
+    (g1, b1, p1), (g2, b2, p2) = runs
+    for a, b in zip(g1[0] + g1[2] + g1[3], g2[0] + g2[2] + g2[3], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(torch.stack(b1), torch.stack(b2))
+    assert torch.equal(torch.stack(p1), torch.stack(p2))
+
+
+def test_chunks_fit_the_budget():
+    assert _fused._chunks([4, 4, 4, 10, 1], 8) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert _fused._chunks([3], 1) == [(0, 1)]
+    assert _fused._chunks([1, 1, 1], 100) == [(0, 3)]
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_the_rule_is_looked_up_at_call_time(monkeypatch, per_layer):
+    """Replacing amopt._rule.adam_beta changes the beta the apply kernel uses."""
+    sizes = [50, 7]
+    seen = []
+
+    def fixed(xp, sums, cfg, *, lr=None, weight_decay=0.0, f_decrease=None):
+        seen.append(tuple(sums.shape))
+        return xp.zeros_like(sums[..., 0]) + 0.25
+
+    monkeypatch.setattr(_rule, "adam_beta", fixed)
+    x, g, d, v, steps, prods = _adam_group(sizes)
+    d = [0.5 * t for t in g]  # a nonzero momentum, so that beta shows in the update
+    x0 = [t.clone() for t in x]
+    cfg = AMConfig.cached(lam=0.0, beta_max=0.9, numerator="linear", per_layer=per_layer)
+    hyper = {**ADAM_HYPER, "weight_decay": 0.0}
+    betas, new_prods = _fused.fused_am_adamw(x, g, d, v, steps, prods, **hyper, config=cfg)
+    assert [float(b) for b in betas] == [0.25, 0.25]
+    assert [float(p) for p in new_prods] == [0.25, 0.25]
+    assert seen == ([(2, 3)] if per_layer else [(3,)])
+    for k in range(2):  # lam = 0: d = 0.25 d_old + 0.75 g, x -= lr d / p
+        gk = g[k].numpy()
+        dn = 0.25 * (0.5 * gk) + 0.75 * gk
+        np.testing.assert_allclose(d[k].numpy(), dn, rtol=1e-14)
+        p = (1 - 0.9) * (1e-8 + np.abs(gk))  # c = 1 - beta1_max, v_hat = g^2 at step 1
+        np.testing.assert_allclose(x[k].numpy(), x0[k].numpy() - 0.01 * dn / p, rtol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1024.0, 3.0])
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_adam_grad_scale_unscales_the_gradients(scale, per_layer):
+    sizes = [300, 20]
+    plain, scaled = _adam_group(sizes), _adam_group(sizes)
+    grads = _grads_at(sizes)
+    _adam_steps(plain, grads, 4, per_layer)
+    _adam_steps(
+        scaled,
+        lambda t: [scale * g for g in grads(t)],
+        4,
+        per_layer,
+        grad_scale=torch.tensor(scale),
+        found_inf=torch.tensor(0.0),
+    )
+    tol = 1e-12  # the scaled run takes the kernels' general loop: other sum orders
+    for a, b in zip(
+        plain[0] + plain[2] + plain[3], scaled[0] + scaled[2] + scaled[3], strict=True
+    ):
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol)
+
+
+def test_adam_found_inf_skips_the_step_and_leaves_the_state():
+    sizes = [30, 4]
+    group = _adam_group(sizes)
+    _adam_steps(group, _grads_at(sizes), 2)
+    before = [t.clone() for ts in (group[0], group[2], group[3], group[4]) for t in ts]
+    out, _ = _adam_steps(group, _grads_at(sizes), 1, found_inf=torch.tensor(1.0))
+    assert out is None
+    after = [t for ts in (group[0], group[2], group[3], group[4]) for t in ts]
+    for a, b in zip(after, before, strict=True):
+        assert torch.equal(a, b)
+
+
+def _sgd_steps(sizes, n_steps, scale=1.0, per_layer=False, **extra):
+    cfg = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=per_layer)
+    xs = _tensors(sizes, 1, torch.float64, 9)[0]
+    bufs, steps = [None] * len(sizes), [torch.zeros(()) for _ in sizes]
+    betas = None
+    for t in range(n_steps):
+        grads = [scale * g for g in _grads_at(sizes)(t)]
+        betas = _fused.fused_amsgd(
+            xs, grads, bufs, steps, lr=0.05, weight_decay=0.01, maximize=False, config=cfg, **extra
+        )
+    return xs, bufs, steps, betas
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_sgd_grad_scale_unscales_the_gradients(per_layer):
+    ref = _sgd_steps([100, 7], 4, per_layer=per_layer)
+    scaled = _sgd_steps([100, 7], 4, 4096.0, per_layer, grad_scale=torch.tensor(4096.0))
+    for a, b in zip(ref[0] + ref[1], scaled[0] + scaled[1], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(torch.stack(ref[3]), torch.stack(scaled[3]))
+
+
+def test_sgd_found_inf_skips_even_the_first_step():
+    xs, bufs, steps, betas = _sgd_steps([10, 3], 1, found_inf=torch.tensor(float("inf")))
+    assert betas is None and bufs == [None, None]
+    assert [float(s) for s in steps] == [0.0, 0.0]
+    assert torch.equal(xs[0], _tensors([10, 3], 1, torch.float64, 9)[0][0])
+
+
+def test_fallback_unscales_the_gradients(monkeypatch):
+    """A group the kernels cannot run (non-contiguous) takes foreach with g / grad_scale."""
+    monkeypatch.setattr(_fused, "_warned", set())
+    sizes = [12]
+    runs = []
+    for scale in (None, 8.0):
+        base = _tensors([24], 1, torch.float64, 4)[0][0]
+        x = [base[::2]]  # not contiguous
+        g = [_tensors(sizes, 1, torch.float64, 5)[0][0] * (scale or 1.0)]
+        d, v = [torch.zeros(12, dtype=torch.float64)], [torch.zeros(12, dtype=torch.float64)]
+        steps, prods = [torch.zeros(())], [torch.ones((), dtype=torch.float64)]
+        cfg = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=True)
+        extra = {} if scale is None else {"grad_scale": torch.tensor(scale)}
+        with pytest.warns(_fused.FusedFallbackWarning, match="contiguous"):
+            _fused_am_adamw(x, g, d, v, steps, prods, **ADAM_HYPER, config=cfg, **extra)
+        monkeypatch.setattr(_fused, "_warned", set())
+        runs.append((x[0].clone(), d[0].clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+class _Wrapper(torch.Tensor):
+    """A tensor subclass with its own dispatch (as DTensor): no local storage to address."""
+
+    @staticmethod
+    def __new__(cls, data):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype)
+
+    def __init__(self, data):
+        self.inner = data
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(t):
+            return t.inner if isinstance(t, _Wrapper) else t
+
+        args = torch.utils._pytree.tree_map(unwrap, args)
+        kwargs = torch.utils._pytree.tree_map(unwrap, kwargs or {})
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: _Wrapper(torch.zeros(4)), "_Wrapper parameters or states have no plain"),
+        (lambda: torch.zeros(8)[::2], "dense, contiguous"),
+        (lambda: torch.zeros(4, dtype=torch.float16), "float32/float64"),
+        (lambda: torch.zeros(4).to_sparse(), "dense, contiguous"),
+    ],
+)
+def test_fallback_reasons_name_the_cause(make, reason):
+    x = make()
+    g = torch.zeros(4, dtype=x.dtype)
+    out = _fused._check([[x], [g]])
+    assert isinstance(out, str) and reason in out
+
+
+def test_mixed_dtypes_and_aliasing_are_refused():
+    x, g = torch.zeros(4), torch.zeros(4, dtype=torch.float64)
+    assert "mixes torch.float32 and torch.float64" in _fused._check([[x], [g]])
+    assert "shares memory" in _fused._check([[x], [x]])
+
+
+def test_dtensor_parameters_fall_back_with_the_reason(tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        x = torch.nn.Parameter(distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)]))
+        g = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
+        out = _fused._check([[x], [g]])
+    finally:
+        dist.destroy_process_group()
+    assert isinstance(out, str) and "DTensor" in out
+
+
+# --------------------------------------------------------------------------- CPU dispatch
+
+
+@pytest.mark.parametrize("request_, expected", [("avx2", "avx2"), ("baseline", "base")])
+def test_cpu_features_limit_the_variant(fresh_library, monkeypatch, request_, expected):
+    if expected == "avx2" and KERNELS.cpu_level < 1:
+        pytest.skip("this CPU has no AVX2")
+    monkeypatch.setattr(_fused, "installed_library", lambda: KERNELS.path)
+    monkeypatch.setattr(_fused, "_open_installed", lambda path: KERNELS.lib)
+    monkeypatch.setenv("AMOPT_CPU_FEATURES", request_)
+    assert _fused.fused_status()["isa"] == expected
+
+
+def test_unknown_cpu_features_are_an_error(fresh_library, monkeypatch):
+    monkeypatch.setattr(_fused, "installed_library", lambda: KERNELS.path)
+    monkeypatch.setattr(_fused, "_open_installed", lambda path: KERNELS.lib)
+    monkeypatch.setenv("AMOPT_CPU_FEATURES", "sse9")
+    status = _fused.fused_status()
+    assert not status["available"] and "AMOPT_CPU_FEATURES must be one of" in status["error"]
+
+
+def test_the_library_has_every_variant():
+    assert KERNELS.lib.am_isa_built() & 1
+    if os.uname().machine == "x86_64":
+        assert KERNELS.lib.am_isa_built() == 7
+
+
+# --------------------------------------------------------------------------- loading safely
+
+
+@pytest.mark.slow
+def test_a_library_planted_in_the_old_fallback_place_is_never_loaded(fresh_library, tmp_path):
+    """The old fallback loaded ``$TMPDIR/amopt-kernels-<uid>/<name>`` (anyone can create it)."""
+    cc = _fused._compiler()
+    marker = tmp_path / "planted-was-loaded"
+    planted = _planted_library(tmp_path, marker)
+    old = Path(tempfile.gettempdir()) / f"amopt-kernels-{os.getuid()}"
+    old.mkdir(mode=0o777, exist_ok=True)
+    target = old / _fused.library_name(cc)
+    saved = target.read_bytes() if target.exists() else None
+    try:
+        target.write_bytes(planted.read_bytes())
+        # the configured cache is refused (world-writable), so the kernels are built
+        # elsewhere; a planted copy inside it must not be loaded either
+        fresh_library.mkdir()
+        (fresh_library / target.name).write_bytes(planted.read_bytes())
+        os.chmod(fresh_library, 0o777)
+        status = _fused.fused_status()
+    finally:
+        if saved is None:
+            target.unlink()
+        else:
+            target.write_bytes(saved)
+    assert status["available"], status
+    assert status["origin"] == "temporary"
+    assert "writable by group or others" in " ".join(status["notes"])
+    assert not marker.exists()
+    path = Path(status["path"])
+    assert path.parent != old and path.parent != fresh_library
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+
+
+@pytest.mark.slow
+def test_a_corrupt_cached_library_is_rebuilt(fresh_library, tmp_path):
+    first = _fused.fused_status()
+    assert first["available"] and first["origin"] == "cache", first
+    path = Path(first["path"])
+    assert stat.S_IMODE(os.stat(fresh_library).st_mode) == 0o700
+    recorded = Path(str(path) + ".sha256").read_text().strip()
+    assert recorded == _fused._sha256_file(path)
+
+    planted = _planted_library(tmp_path, tmp_path / "m").read_bytes()
+    for corrupt in (b"\x7fELF not a library", planted):
+        path.unlink()  # a new file: the library loaded above stays mapped as it was
+        path.write_bytes(corrupt)
+        _fused._state.update(tried=False, lib=None, error=None)
+        again = _fused.fused_status()
+        assert again["available"] and again["path"] == str(path), again
+        assert _fused._sha256_file(path) == recorded  # rebuilt: the same bytes as built
+        assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (lambda d, mp: os.chmod(d, 0o777), "writable by group or others"),
+        (lambda d, mp: os.chmod(d, 0o770), "writable by group or others"),
+        (lambda d, mp: mp.setattr(os, "getuid", lambda: os.stat(d).st_uid + 1), "owned by uid"),
+    ],
+    ids=["mode-0777", "mode-0770", "other-owner"],
+)
+def test_an_unsafe_cache_directory_is_refused(tmp_path, monkeypatch, spoil, message):
+    cache = tmp_path / "cache"
+    assert _fused.private_directory(cache) == cache.resolve()
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    spoil(cache, monkeypatch)
+    with pytest.raises(_fused.UnsafeKernelPath, match=message):
+        _fused.private_directory(cache)
+
+
+def test_a_cache_below_a_world_writable_directory_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(_fused.UnsafeKernelPath, match="writable by everyone"):
+        _fused.private_directory(shared / "cache")
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: others cannot rename our entries
+    assert _fused.private_directory(shared / "cache2").is_dir()
+
+
+def test_an_unsafe_or_stale_installed_library_is_not_used(tmp_path, monkeypatch):
+    stale = _compile(
+        tmp_path,
+        "stale",
+        (_fused.CSRC / "am_fused.c").read_text(),
+        f"-I{_fused.CSRC}",
+        '-DAM_SOURCE_HASH="0000"',
+    )
+    with pytest.raises(RuntimeError, match="other kernel sources"):
+        _fused._open_installed(stale)
+    os.chmod(stale, 0o775)
+    with pytest.raises(_fused.UnsafeKernelPath, match="writable by group or others"):
+        _fused._open_installed(stale)
+    os.chmod(stale, 0o755)
+    os.chmod(tmp_path, 0o777)
+    with pytest.raises(_fused.UnsafeKernelPath, match="package directory"):
+        _fused._open_installed(stale)
+
+
+class _DoubleSums:
+    """A stand-in for ``amopt.torch._distributed.ScopeSync``: as if two ranks held
+    identical halves of every scope (their sums add up to twice the local ones)."""
+
+    needs_collective = True
+
+    def __init__(self):
+        self.calls = []
+
+    def combine(self, sums, index):
+        self.calls.append(([tuple(s.shape) for s in sums], index))
+        return [2 * s for s in sums]
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_sums_of_sharded_scopes_are_combined_between_reduce_and_rule(monkeypatch, per_layer):
+    """With a sync plan: one combine for the step, and the rule sees the combined sums."""
+    monkeypatch.setenv("AMOPT_FUSED_CHUNK_BYTES", "1")  # would be one chunk per tensor
+    sizes = [40, 9, 300]
+    seen = []
+    rule = _rule.adam_beta
+
+    def spy(xp, sums, cfg, **kw):
+        seen.append(sums.clone())
+        return rule(xp, sums, cfg, **kw)
+
+    monkeypatch.setattr(_rule, "adam_beta", spy)
+    cfg = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=per_layer)
+    plain, synced = _adam_group(sizes), _adam_group(sizes)
+    sync = _DoubleSums()
+    grads = _grads_at(sizes)(0)
+    _fused.fused_am_adamw(*plain[:1], grads, *plain[2:], **ADAM_HYPER, config=cfg)
+    _fused.fused_am_adamw(*synced[:1], grads, *synced[2:], **ADAM_HYPER, config=cfg, sync=sync)
+    local, combined = torch.cat([s.reshape(-1, 3) for s in seen[:-1]]), seen[-1].reshape(-1, 3)
+    torch.testing.assert_close(combined, 2 * local, rtol=0, atol=0)
+    rows = (3, 3) if per_layer else (3,)
+    assert sync.calls == [([rows], [[0, 1, 2]] if per_layer else None)]
