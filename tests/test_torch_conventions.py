@@ -499,17 +499,24 @@ def _scaled_run(cls, kwargs, dtype, inf_at=(), n_steps=4):
 PRECISIONS = [torch.float32, torch.bfloat16]
 
 
+def _c_kernels(impl, dtype):
+    """Whether ``impl`` runs the fused C kernels for ``dtype`` on the CPU."""
+    return impl in ("fused", "default") and dtype in (torch.float32, torch.float64)
+
+
 @pytest.mark.usefixtures("quiet_fallback")
 @pytest.mark.parametrize("impl", list(IMPLS))
 @pytest.mark.parametrize("dtype", PRECISIONS, ids=str)
 @pytest.mark.parametrize("cls", CLASSES, ids=_ids)
 def test_grad_scaler_steps_equal_the_unscaled_steps(cls, dtype, impl):
     """The optimizer unscales itself (GradScaler hands it grad_scale): a power-of-two scale
-    makes the scaled run bit-identical to a run without GradScaler."""
+    makes the scaled run bit-identical to a run without GradScaler (the C kernels, which
+    fold the scale into their arithmetic, to float rounding)."""
     assert cls._step_supports_amp_scaling
     model, opt, _, scaler = _scaled_run(cls, {"lr": 0.01, **IMPLS[impl]}, dtype)
     assert scaler.get_scale() == 2.0**10
-    _assert_same_run((model, opt), _train(cls, {"lr": 0.01, **IMPLS[impl]}, 4, dtype))
+    reference = _train(cls, {"lr": 0.01, **IMPLS[impl]}, 4, dtype)
+    _assert_same_run((model, opt), reference, exact=not _c_kernels(impl, dtype))
 
 
 @pytest.mark.usefixtures("quiet_fallback")
@@ -538,7 +545,7 @@ def test_grad_scaler_skipped_first_step_then_starts_afresh(cls, impl):
     kwargs = {"lr": 0.01, **IMPLS[impl]}
     model, opt, _, _ = _scaled_run(cls, kwargs, torch.float32, inf_at=(0,), n_steps=3)
     reference = _train(cls, kwargs, n_steps=2)
-    _assert_same_run((model, opt), reference)
+    _assert_same_run((model, opt), reference, exact=not _c_kernels(impl, torch.float32))
 
 
 def test_functional_found_inf_leaves_everything_as_it_was():

@@ -541,12 +541,15 @@ def test_complex_parameters_are_optimised_as_real_views(info, foreach):
 # --------------------------------------------------------------------------- maximize, dtypes
 
 
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
 @pytest.mark.parametrize("info", OPTIM_DB, ids=lambda i: i.name)
-def test_maximize_follows_the_gradient(info):
-    """maximize=True on -f takes exactly the steps of maximize=False on f."""
+def test_maximize_follows_the_gradient(info, foreach):
+    """maximize=True on -f takes exactly the steps of maximize=False on f (the fused
+    kernels, which fold the sign into their arithmetic, to float rounding: fused tests)."""
     pa, pb = _params(), _params()
-    opt_a = info.optim_cls(pa, **{**info.required, "maximize": True, "weight_decay": 0.01})
-    opt_b = info.optim_cls(pb, **{**info.required, "weight_decay": 0.01})
+    kwargs = {**info.required, "weight_decay": 0.01, "foreach": foreach}
+    opt_a = info.optim_cls(pa, **kwargs, maximize=True)
+    opt_b = info.optim_cls(pb, **kwargs)
     for t in range(6):
         _set_grads(pb, t)
         for a, b in zip(pa, pb, strict=True):

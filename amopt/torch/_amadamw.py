@@ -591,7 +591,7 @@ def am_adamw(
         return triton_module().triton_am_adamw(*tensors, **amp, **hyper)
     hyper["sync"] = sync
     if path == "fused" and _accepts_amp(_fused.fused_am_adamw):
-        return _fused_am_adamw(*tensors, amp=amp, **hyper)
+        return _fused_am_adamw(*tensors, **amp, **hyper)
     if path == "fused":
         func: Callable[..., tuple[list[Tensor], list[Tensor]]] = _fused_am_adamw
     else:
@@ -644,11 +644,12 @@ def _fused_am_adamw(
     state_steps: list[Tensor],
     beta1_prods: list[Tensor],
     *,
-    amp: dict[str, Any] | None = None,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
     **hyper: Any,
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    amp = amp or {"grad_scale": None, "found_inf": None}
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
     tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     out = _fused.fused_am_adamw(*tensors, **amp, **hyper)
     if out is None:  # found_inf skipped the step: nothing changed, the products neither

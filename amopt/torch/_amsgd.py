@@ -496,7 +496,7 @@ def amsgd(
     if path == "triton":  # the Triton kernels unscale and skip themselves
         betas = triton_module().triton_amsgd(*tensors, config=config, **amp, **hyper)
     elif path == "fused" and _accepts_amp(_fused.fused_amsgd):
-        betas = _fused_amsgd(*tensors, amp=amp, config=config, sync=sync, **hyper)
+        betas = _fused_amsgd(*tensors, **amp, config=config, sync=sync, **hyper)
     else:
         if path == "fused":
             func: Callable[..., list[Tensor]] = _fused_amsgd
@@ -546,11 +546,12 @@ def _fused_amsgd(
     momentum_buffer_list: list[Tensor | None],
     state_steps: list[Tensor],
     *,
-    amp: dict[str, Any] | None = None,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
     **hyper: Any,
 ) -> list[Tensor]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    amp = amp or {"grad_scale": None, "found_inf": None}
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
     out = _fused.fused_amsgd(params, grads, momentum_buffer_list, state_steps, **amp, **hyper)
     if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
         return [_skipped_beta(params)] * len(params)
