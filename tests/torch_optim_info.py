@@ -261,7 +261,22 @@ def _sgd_errors() -> tuple[ErrorInput, ...]:
         ),
         ErrorInput("nan lr", {"lr": float("nan")}, ValueError, r"lr must not be NaN; got lr=nan"),
         ErrorInput(
-            "tensor lr", {"lr": torch.tensor(0.1)}, TypeError, r"lr must be a Python float"
+            "tensor lr of two elements",
+            {"lr": torch.tensor([0.1, 0.1])},
+            ValueError,
+            r"Tensor lr must be 1-element; got lr=tensor\(\[0\.1000, 0\.1000\]\) with 2 elements",
+        ),
+        ErrorInput(
+            "tensor lr with foreach",
+            {"lr": torch.tensor(0.1), "foreach": True},
+            ValueError,
+            r"lr as a Tensor is not supported for capturable=False and foreach=True",
+        ),
+        ErrorInput(
+            "negative tensor lr",
+            {"lr": torch.tensor(-0.5)},
+            ValueError,
+            r"lr must be a finite number >= 0; got lr=-0\.5",
         ),
         ErrorInput(
             "negative lam",
@@ -421,10 +436,29 @@ def _adam_errors() -> tuple[ErrorInput, ...]:
             r"maximize must be True or False; got maximize=None",
         ),
         ErrorInput(
-            "tensor beta",
+            "a tensor and a float beta",
             {"betas": (torch.tensor(0.9), 0.999)},
-            TypeError,
-            r"betas\[0\] must be a real number; got betas\[0\]=tensor",
+            ValueError,
+            r"betas must be either both floats or both Tensors; got betas=\(tensor\(0\.9000\), "
+            r"0\.999\)",
+        ),
+        ErrorInput(
+            "tensor betas with foreach",
+            {"betas": (torch.tensor(0.9), torch.tensor(0.99)), "foreach": True},
+            ValueError,
+            r"betas\[0\] as a Tensor is not supported for capturable=False and foreach=True",
+        ),
+        ErrorInput(
+            "tensor beta2 out of range",
+            {"betas": (torch.tensor(0.9), torch.tensor(1.0))},
+            ValueError,
+            r"betas\[1\] must be in \[0, 1\); got betas\[1\]=1\.0",
+        ),
+        ErrorInput(
+            "tensor betas of two elements",
+            {"betas": (torch.tensor([0.9, 0.8]), torch.tensor(0.99))},
+            ValueError,
+            r"Tensor betas\[0\] must be 1-element",
         ),
         ErrorInput(
             "bad eps in a param group",

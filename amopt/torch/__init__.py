@@ -16,11 +16,13 @@ amsgd, am_adamw
     The functional forms, as ``torch.optim.sgd`` / ``torch.optim.adam`` provide.
 
 Every optimizer exposes :meth:`~AMSGD.latest_betas` (the betas of the last step
-as device tensors, cheap enough to log every step). ``fused=True`` selects fused
-CPU kernels (two passes over memory per step, built by ``pip install`` or with
-the system C compiler on first use; see ``amopt.torch._fused``), with a fallback to the
-foreach implementation where they do not apply. Requires the ``torch``
-extra: ``pip install amopt[torch]``.
+as device tensors, cheap enough to log every step). By default a step runs the
+fastest implementation for the parameters' device and dtype: fused CPU kernels
+for float32/float64 (two passes over memory per step, built by ``pip install`` or
+with the system C compiler on first use; see ``amopt.torch._fused``), Triton kernels on CUDA
+(``amopt.torch._triton``), the foreach implementation otherwise; ``fused`` and
+``foreach`` choose one explicitly. Requires the ``torch`` extra:
+``pip install amopt[torch]``.
 """
 
 from amopt.torch._amadamw import AMAdam, AMAdamW, am_adamw

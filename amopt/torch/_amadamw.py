@@ -2,32 +2,43 @@ r"""``AMAdamW`` and ``AMAdam``: Adam with Adaptive Memory momentum for ``torch.o
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_foreach
+from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
-from amopt._config import AMConfig, check_betas, check_choice, check_interval
-from amopt.torch import _distributed
+from amopt._config import AMConfig, check_choice, check_interval
+from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
     AMOptimizerBase,
+    InfSkip,
     accumulation_dtype,
+    as_float,
     as_real,
     bias_corrections,
     cast,
+    check_fused_device,
     check_group_flags,
     check_lr,
+    check_tensor_betas,
+    default_path,
     foreach_abssum,
     foreach_sum,
     new_step,
     real_dtype,
     rule_by_rows,
+    rule_config,
+    store_betas,
     total,
+    triton_module,
+    unscale,
+    warn_path_fallback,
 )
-from amopt.torch._fused import fallback_grads, fused_am_adamw, warn_fallback
+from amopt.torch._fused import warn_fallback
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
@@ -54,13 +65,13 @@ _DEFAULTS: dict[str, Any] = {
 def _config(group: dict[str, Any]) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value)."""
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
-    beta1 = group["betas"][0]
+    beta1 = as_float(group["betas"][0])
     return AMConfig.cached(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
-    check_lr(group["lr"])
-    check_betas("betas", group["betas"])
+    check_lr(group["lr"], foreach=group["foreach"])
+    check_tensor_betas(group["betas"], foreach=group["foreach"])
     _config(group)
     check_choice("weight_decay_mode", group["weight_decay_mode"], modes)
     check_group_flags(group, nonnegative=("eps", "weight_decay"))
@@ -101,11 +112,13 @@ class AMAdamW(AMOptimizerBase):
     ----------
     params : iterable
         Parameters or dicts defining parameter groups.
-    lr : float, default 1e-3
-        Learning rate :math:`\eta \ge 0`.
-    betas : (float, float), default (0.9, 0.999)
+    lr : float or Tensor, default 1e-3
+        Learning rate :math:`\eta \ge 0`; a 1-element tensor as in ``torch.optim.Adam``
+        (not with ``foreach=True``: ``ValueError``).
+    betas : (float, float) or (Tensor, Tensor), default (0.9, 0.999)
         :math:`(\beta_{1,\max}, \beta_2)`, each in :math:`[0, 1)`; :math:`\beta_{1,\max}`
-        is the cap of the adaptive :math:`\beta_t`.
+        is the cap of the adaptive :math:`\beta_t`. Two 1-element tensors are
+        accepted as in ``torch.optim.Adam`` (not with ``foreach=True``).
     eps : float, default 1e-8
         :math:`\epsilon \ge 0` of the preconditioner.
     weight_decay : float, default 1e-2
@@ -123,19 +136,25 @@ class AMAdamW(AMOptimizerBase):
     maximize : bool, default False
         Maximise the objective.
     foreach : bool or None, default None
-        Multi-tensor implementation (``None``: as ``torch.optim`` chooses).
+        ``True``: the multi-tensor (``torch._foreach_*``) implementation;
+        ``False``: the single-tensor reference.
     fused : bool or None, default None
-        Fused CPU kernels: two passes over memory per step (one reduction pass,
-        one update pass) instead of the many passes of the foreach path, and no
-        temporary full-size buffers. They are built by ``pip install``, or with
-        the system C compiler on first use (see ``amopt.torch._fused``). Groups
-        the kernels do not handle (non-CPU tensors, dtypes other than
-        float32/float64, non-contiguous tensors), or a machine without a C
-        compiler, use the foreach implementation with a
-        ``FusedFallbackWarning``. Same iterates as the single-tensor
-        implementation up to float rounding (blocked reductions, see
-        ``amopt/torch/csrc/am_fused.c``).
-        ``None`` means ``False``. Cannot be combined with ``foreach=True``.
+        Fused kernels: on the CPU, C kernels making two passes over memory per
+        step (one reduction pass, one update pass) instead of the many passes
+        of the foreach path, and no temporary full-size buffers, built by ``pip
+        install`` or with the system C compiler on first use (see
+        ``amopt.torch._fused``); on CUDA, Triton kernels where
+        ``amopt.torch._triton`` provides them. Parameters on other devices raise
+        ``RuntimeError`` at their first step, as in ``torch.optim``. Groups the
+        kernels do not handle (dtypes other than float32/float64,
+        non-contiguous tensors), or a machine without a C compiler, use the
+        foreach implementation with a ``FusedFallbackWarning``. Same iterates
+        as the single-tensor implementation up to float rounding (blocked
+        reductions, see ``amopt/torch/csrc/am_fused.c``). Cannot be combined with
+        ``foreach=True``.
+
+        With neither ``fused`` nor ``foreach`` given, each step runs the fastest
+        implementation for the group's device and dtype, as :class:`AMSGD` does.
     process_group : ProcessGroup, optional
         The ranks that together hold the parameters of a ``per_layer=False`` group
         of plain tensors, each rank a partition (found automatically inside
@@ -156,6 +175,18 @@ class AMAdamW(AMOptimizerBase):
 
     **No host synchronisation.** ``step()`` reads no device value on the host;
     the bias correction :math:`1-\beta_2^t` comes from the CPU step counters.
+    State tensors are updated in place, so ``torch.compile`` of a function
+    calling ``step()`` compiles once.
+
+    **Precision.** Elementwise arithmetic runs in the accumulation dtype
+    (float32 for float16/bfloat16 parameters) and the state is stored in the
+    parameter dtype, as ``torch.optim.AdamW`` does: float16 parameters with
+    large gradients stay finite.
+
+    **Mixed precision.** ``torch.amp.GradScaler`` steps the optimizer with its
+    scale and ``found_inf`` (``_step_supports_amp_scaling``): gradients are
+    unscaled inside the step, and a step with an inf or NaN gradient leaves the
+    parameters and the state as they were, decided on the device.
 
     **Schedulers.** Every ``torch.optim.lr_scheduler`` drives ``lr``; with
     ``cycle_momentum=True``, ``CyclicLR`` and ``OneCycleLR`` cycle ``betas[0]``,
@@ -189,8 +220,8 @@ class AMAdamW(AMOptimizerBase):
     def __init__(
         self,
         params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] | tuple[Tensor, Tensor] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         lam: float = 0.1,
@@ -209,7 +240,7 @@ class AMAdamW(AMOptimizerBase):
     ) -> None:
         defaults: dict[str, Any] = {
             "lr": lr,
-            "betas": tuple(betas) if isinstance(betas, list) else betas,
+            "betas": store_betas(betas),
             "eps": eps,
             "weight_decay": weight_decay,
             "lam": lam,
@@ -276,12 +307,16 @@ class AMAdamW(AMOptimizerBase):
                 )
             state = self.state[p]
             if len(state) == 0:
+                if group["fused"]:
+                    check_fused_device(p)
                 state["step"] = new_step()
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group_prod is None:
                     dtype = accumulation_dtype([real_dtype(p)])
                     state["beta1_prod"] = torch.ones((), dtype=dtype, device=p.device)
+                    if not group["per_layer"]:  # one product shared by the scope
+                        group_prod = state["beta1_prod"]
                 else:
                     state["beta1_prod"] = group_prod
             params.append(p)
@@ -290,6 +325,7 @@ class AMAdamW(AMOptimizerBase):
             exp_avg_sqs.append(state["exp_avg_sq"])
             state_steps.append(state["step"])
             beta1_prods.append(state["beta1_prod"])
+        self._init_betas(group, params)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -310,6 +346,7 @@ class AMAdamW(AMOptimizerBase):
             with torch.enable_grad():
                 loss = closure()
 
+        grad_scale, found_inf = self._amp()
         for group in self.param_groups:
             params: list[Tensor] = []
             grads: list[Tensor] = []
@@ -321,8 +358,9 @@ class AMAdamW(AMOptimizerBase):
             if not params:
                 _distributed.join_empty(self, group)
                 continue
-            beta1, beta2 = group["betas"]
+            beta1, beta2 = (as_float(b) for b in group["betas"])
             check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)  # schedulers write it
+            path = self._path(group, params, grads)
             betas, new_prods = am_adamw(
                 params,
                 grads,
@@ -330,9 +368,11 @@ class AMAdamW(AMOptimizerBase):
                 exp_avg_sqs,
                 state_steps,
                 beta1_prods,
-                foreach=group["foreach"],
-                fused=group["fused"],
-                lr=group["lr"],
+                foreach=path == "foreach",
+                fused=path in ("fused", "triton"),
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+                lr=as_float(group["lr"]),
                 beta1=beta1,
                 beta2=beta2,
                 eps=group["eps"],
@@ -348,12 +388,8 @@ class AMAdamW(AMOptimizerBase):
                 maximize=group["maximize"],
                 process_group=_distributed.scope_group(self, group, grads),
             )
-            for p, beta, prod in zip(params, betas, new_prods, strict=True):
-                state = self.state[p]
-                state["beta"] = beta
-                state["beta1_prod"] = prod
-            if not group["per_layer"]:
-                self._share_group_state(group, beta=betas[0], beta1_prod=new_prods[0])
+            self._store_state(group, params, "beta", betas, InfSkip(found_inf, ()))
+            self._store_state(group, params, "beta1_prod", new_prods)
         return loss
 
 
@@ -401,8 +437,8 @@ class AMAdam(AMAdamW):
     def __init__(
         self,
         params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] | tuple[Tensor, Tensor] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         lam: float = 0.1,
@@ -452,7 +488,9 @@ def am_adamw(
     foreach: bool | None = None,
     *,
     fused: bool | None = None,
-    lr: float = 1e-3,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+    lr: float | Tensor = 1e-3,
     beta1: float = 0.9,
     beta2: float = 0.999,
     eps: float = 1e-8,
@@ -483,10 +521,14 @@ def am_adamw(
     beta1_prods : list of Tensor
         0-d running products :math:`\pi` (ones before the first step). With
         ``per_layer=False`` the first entry is the product of the whole scope.
-    foreach : bool or None
-        Multi-tensor implementation; ``None`` chooses as ``torch.optim`` does.
-    fused : bool or None
-        Fused CPU kernels (see :class:`AMAdamW`); ``None`` means ``False``.
+    foreach, fused : bool or None
+        The implementation, as in :class:`AMAdamW`: with both ``None``, the fastest
+        one for the tensors' device and dtype.
+    grad_scale, found_inf : Tensor, optional
+        ``torch.amp.GradScaler``'s protocol: the gradients are divided by
+        ``grad_scale``, and where the 0-d ``found_inf`` is non-zero the step leaves
+        the parameters, moments, products and step counters as they were
+        (decided on the device; the returned ``beta1_prods`` are then the old ones).
     lr, beta1, beta2, eps, weight_decay, lam, per_layer
         As in :class:`AMAdamW` (``beta1`` is :math:`\beta_{1,\max}`).
     variant, beta_min, theta, beta_high, beta_low, maximize
@@ -515,11 +557,9 @@ def am_adamw(
     (0.9, 0.9)
     """
     check_choice("weight_decay_mode", weight_decay_mode, WEIGHT_DECAY_MODES)
-    if fused and foreach:
-        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
-    config = AMConfig.cached(
+    config = rule_config(
         lam=lam,
-        beta_max=beta1,
+        beta_max=as_float(beta1),
         numerator="linear",
         per_layer=per_layer,
         variant=variant,
@@ -531,30 +571,69 @@ def am_adamw(
     params, grads, exp_avgs, exp_avg_sqs, sync = _distributed.localize(
         params, grads, exp_avgs, exp_avg_sqs, per_layer=per_layer, process_group=process_group
     )
-    if fused:
-        func = _fused_am_adamw
+    path, reason = default_path(params, grads, fused=fused, foreach=foreach)
+    if reason is not None:
+        warn_path_fallback(reason, _FUNCTIONAL_WARNED)
+    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+        path = "foreach"
+    hyper: dict[str, Any] = {
+        "lr": as_float(lr),
+        "beta2": as_float(beta2),
+        "eps": eps,
+        "weight_decay": weight_decay,
+        "weight_decay_mode": weight_decay_mode,
+        "maximize": maximize,
+        "config": config,
+    }
+    tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    if path == "triton":  # the Triton kernels unscale and skip themselves
+        return triton_module().triton_am_adamw(*tensors, **amp, **hyper)
+    hyper["sync"] = sync
+    if path == "fused" and _accepts_amp(_fused.fused_am_adamw):
+        return _fused_am_adamw(*tensors, **amp, **hyper)
+    if path == "fused":
+        func: Callable[..., tuple[list[Tensor], list[Tensor]]] = _fused_am_adamw
     else:
-        if foreach is None:
-            _, foreach = _default_to_fused_or_foreach(
-                params, differentiable=False, use_fused=False
-            )
-        func = _multi_tensor_am_adamw if foreach else _single_tensor_am_adamw
-    return func(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        state_steps,
-        beta1_prods,
-        lr=lr,
-        beta2=beta2,
-        eps=eps,
-        weight_decay=weight_decay,
-        weight_decay_mode=weight_decay_mode,
-        maximize=maximize,
-        config=config,
-        sync=sync,
-    )
+        func = _multi_tensor_am_adamw if path == "foreach" else _single_tensor_am_adamw
+    return _amp_am_adamw(func, *tensors, grad_scale=grad_scale, found_inf=found_inf, **hyper)
+
+
+_FUNCTIONAL_WARNED: set[str] = set()
+
+
+def _accepts_amp(kernel: Callable[..., Any]) -> bool:
+    """Whether a fused kernel takes ``grad_scale`` and ``found_inf`` itself."""
+    try:
+        names = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return False
+    return "grad_scale" in names and "found_inf" in names
+
+
+def _amp_am_adamw(
+    func: Callable[..., tuple[list[Tensor], list[Tensor]]],
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    *,
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    **hyper: Any,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
+    grads = unscale(grads, grad_scale)
+    skip = InfSkip(found_inf, [*params, *exp_avgs, *exp_avg_sqs])
+    betas, prods = func(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper)
+    if found_inf is None:
+        return betas, prods
+    skip.restore(state_steps)
+    if not hyper["config"].per_layer:
+        return betas, [skip.blend(beta1_prods[0], prods[0])] * len(prods)
+    return betas, [skip.blend(old, new) for old, new in zip(beta1_prods, prods, strict=True)]
 
 
 def _fused_am_adamw(
@@ -568,31 +647,28 @@ def _fused_am_adamw(
     grad_scale: Tensor | None = None,
     found_inf: Tensor | None = None,
     **hyper: Any,
-) -> tuple[list[Tensor], list[Tensor]] | None:
-    """The fused CPU kernels; the foreach path where they cannot run (with a warning).
-
-    ``None`` when ``found_inf`` skipped the step (nothing was modified).
-    """
-    out = fused_am_adamw(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        state_steps,
-        beta1_prods,
-        grad_scale=grad_scale,
-        found_inf=found_inf,
-        **hyper,
-    )
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The fused C kernels; the foreach path where they cannot run (with a warning)."""
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+    out = _fused.fused_am_adamw(*tensors, **amp, **hyper)
+    if out is None:  # found_inf skipped the step: nothing changed, the products neither
+        dtype = accumulation_dtype([real_dtype(p) for p in params])
+        skipped = torch.zeros((), dtype=dtype, device=params[0].device)
+        return [skipped] * len(params), list(beta1_prods)
     if isinstance(out, str):
         warn_fallback(out)
-        grads = fallback_grads(grads, grad_scale, found_inf)
-        if grads is None:  # found_inf: the step is skipped
-            return None
-        return _multi_tensor_am_adamw(
-            params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper
-        )
+        return _amp_am_adamw(_multi_tensor_am_adamw, *tensors, **amp, **hyper)
     return out
+
+
+def _saturate(v: Tensor) -> Tensor:
+    """A half-precision ``v`` in float32, an overflowed (inf) entry as the dtype's maximum.
+
+    ``g^2`` beyond the float16 range stores ``v = inf`` (as in ``torch.optim.AdamW``);
+    saturating it keeps the preconditioner finite, and the step with it.
+    """
+    return v.float().clamp_(max=torch.finfo(v.dtype).max)
 
 
 def _single_tensor_am_adamw(
@@ -645,8 +721,10 @@ def _single_tensor_am_adamw(
         nums, dens, refs = [], [], []
         for i in scope:
             g, d, x = gs[i], ds[i], xs[i]
-            # step 3
-            p = (vs[i] / bias2[i]).sqrt_().add_(eps).mul_(c.to(device=g.device, dtype=g.dtype))
+            # step 3, in float32 for half precision: v / (1 - beta2^t) overflows float16
+            op = accumulation_dtype([g.dtype])
+            v_op = vs[i].to(op) if vs[i].dtype == op else _saturate(vs[i])
+            p = (v_op / bias2[i]).sqrt_().add_(eps).mul_(c.to(device=g.device, dtype=op))
             ps[i] = p
             # step 4, the weighted terms of algorithms.md in the accumulation dtype
             g_, d_, x_, p_ = (t.to(acc) for t in (g, d, x, p))
@@ -676,7 +754,8 @@ def _single_tensor_am_adamw(
     for k, scope in enumerate(scopes):
         beta_k = beta[k]
         for i in scope:
-            g, d, x, p = gs[i], ds[i], xs[i], ps[i]
+            p = ps[i]  # the elementwise update runs in p's dtype, stored in the param dtype
+            g, d, x = (t.to(p.dtype) for t in (gs[i], ds[i], xs[i]))
             lam_p = lam * p
             coef = (beta_k.to(device=p.device, dtype=p.dtype) + lam_p) / (1.0 + lam_p)
             d.sub_(g).mul_(coef).add_(g)  # step 6: d = g + coef * (d - g)
@@ -688,6 +767,9 @@ def _single_tensor_am_adamw(
                 if wd != 0:
                     x.mul_(1.0 - lr * wd)
                 x.addcdiv_(d, p, value=-lr)
+            for low, high in ((ds[i], d), (xs[i], x)):
+                if low is not high:
+                    low.copy_(high)
             betas[i] = beta_k
             out_prods[i] = new_prod[k]
     return betas, out_prods
@@ -716,7 +798,7 @@ def _multi_tensor_am_adamw(
     lam, per_layer = config.lam, config.per_layer
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
     weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
-    scope_acc = accumulation_dtype(real_dtype(p) for p in params)
+    scope_acc = accumulation_dtype([real_dtype(p) for p in params])
     scope_prod = beta1_prods[0].to(scope_acc)
     grouped = Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, exp_avgs, exp_avg_sqs, state_steps],  # type: ignore[list-item]
@@ -753,15 +835,17 @@ def _multi_tensor_am_adamw(
         torch._foreach_addcmul_(dev_v, dev_grads, dev_grads, 1 - beta2)
 
         acc = accumulation_dtype([dtype]) if per_layer else scope_acc
+        op = accumulation_dtype([dtype])  # elementwise dtype: float32 for half precision
         if per_layer:
             prods = torch.stack([beta1_prods[k].to(device) for k in indices]).to(acc)
             c = _rule.adam_correction(prods, config)  # step 2, one per tensor
-            c_cast: Tensor | list[Tensor] = list(c.to(dtype).unbind())
+            c_cast: Tensor | list[Tensor] = list(c.to(op).unbind())
         else:
             prods = scope_prod
             c = _rule.adam_correction(prods, config)
-            c_cast = c.to(device=device, dtype=dtype, non_blocking=True)
-        p = torch._foreach_div(dev_v, bias_corrections(dev_steps, beta2))  # step 3
+            c_cast = c.to(device=device, dtype=op, non_blocking=True)
+        v_op = dev_v if dtype == op else [_saturate(t) for t in dev_v]
+        p = torch._foreach_div(v_op, bias_corrections(dev_steps, beta2))  # step 3
         torch._foreach_sqrt_(p)
         torch._foreach_add_(p, eps)
         torch._foreach_mul_(p, c_cast)
@@ -824,25 +908,27 @@ def _multi_tensor_am_adamw(
     # sharded scopes: add the sums of all ranks
     bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[4] for b in buckets])
     if per_layer:
-        for (_, dev_grads, _, _, indices, prods, *_), sums in zip(
-            buckets, bucket_sums, strict=True
-        ):
+        for (_, _, _, p, indices, prods, *_), sums in zip(buckets, bucket_sums, strict=True):
             beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
             prod = prods * beta
             for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
                 betas[k] = b
                 new_prods[k] = pr
-            coefs.append(list(beta.to(dev_grads[0].dtype).unbind()))
+            coefs.append(list(beta.to(p[0].dtype).unbind()))
     else:
         beta = _rule.adam_beta(torch, bucket_sums[0], config, lr=lr, weight_decay=wd)
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
         coefs = [
-            beta.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True) for b in buckets
+            [beta.to(device=b[3][0].device, dtype=b[3][0].dtype, non_blocking=True)] * len(b[3])
+            for b in buckets
         ]
 
-    # apply: steps 6 and 7
-    for (dev_params, dev_grads, dev_d, p, *_), b in zip(buckets, coefs, strict=True):
+    # apply: steps 6 and 7, in p's dtype (float32 for half precision), stored in the param dtype
+    for (params_low, grads_low, d_low, p, *_), b in zip(buckets, coefs, strict=True):
+        dev_params, dev_grads, dev_d = (
+            cast(t, p[0].dtype) for t in (params_low, grads_low, d_low)
+        )
         lam_p = torch._foreach_mul(p, lam)
         coef = torch._foreach_add(lam_p, b)
         torch._foreach_add_(lam_p, 1.0)
@@ -859,4 +945,7 @@ def _multi_tensor_am_adamw(
             if wd != 0:
                 torch._foreach_mul_(dev_params, 1.0 - lr * wd)
             torch._foreach_addcdiv_(dev_params, dev_d, p, value=-lr)
+        if dev_d[0] is not d_low[0]:
+            torch._foreach_copy_(d_low, dev_d)
+            torch._foreach_copy_(params_low, dev_params)
     return betas, new_prods

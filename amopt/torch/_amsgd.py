@@ -2,30 +2,40 @@ r"""``AMSGD``: SGD with Adaptive Memory momentum (the paper's AM-MSGD) for ``tor
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import Optimizer, ParamsT, _default_to_fused_or_foreach
+from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_interval
-from amopt.torch import _distributed
+from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
     AMOptimizerBase,
+    InfSkip,
     accumulation_dtype,
+    as_float,
     as_real,
+    cast,
+    check_fused_device,
     check_group_flags,
     check_lr,
+    default_path,
     dot,
     foreach_sqsum,
     new_step,
     real_dtype,
     rule_by_rows,
+    rule_config,
     total,
+    triton_module,
+    unscale,
+    warn_path_fallback,
 )
-from amopt.torch._fused import fallback_grads, fused_amsgd, warn_fallback
+from amopt.torch._fused import warn_fallback
 
 __all__ = ["AMSGD", "amsgd"]
 
@@ -54,7 +64,7 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
 
 
 def _validate(group: dict[str, Any]) -> None:
-    check_lr(group["lr"])
+    check_lr(group["lr"], foreach=group["foreach"])
     _config(group)
     check_group_flags(group, nonnegative=("weight_decay",))
 
@@ -90,8 +100,10 @@ class AMSGD(AMOptimizerBase):
     params : iterable
         Parameters or dicts defining parameter groups (any hyper-parameter
         below can be set per group).
-    lr : float
-        Learning rate :math:`\eta \ge 0`.
+    lr : float or Tensor, default 1e-3
+        Learning rate :math:`\eta \ge 0` (the default of ``torch.optim.SGD``). A
+        1-element tensor is accepted as in ``torch.optim.SGD``, except with
+        ``foreach=True`` (``ValueError``, as in ``torch.optim.Adam``).
     lam : float, default 0.1
         Proximal regularisation :math:`\lambda \ge 0`; with :math:`\lambda > 0`
         the coefficient applied to :math:`d` is at least :math:`\lambda/(1+\lambda)`.
@@ -111,21 +123,28 @@ class AMSGD(AMOptimizerBase):
     maximize : bool, default False
         Maximise the objective instead of minimising it.
     foreach : bool or None, default None
-        Use the multi-tensor (``torch._foreach_*``) implementation. ``None``
-        picks it when every parameter is on a device with foreach kernels
-        (CUDA), as ``torch.optim`` does. Both give the same iterates.
+        ``True``: the multi-tensor (``torch._foreach_*``) implementation;
+        ``False``: the single-tensor reference. Same iterates up to float rounding.
     fused : bool or None, default None
-        Fused CPU kernels: two passes over memory per step (the three inner
-        products in one pass, the update of ``d`` and ``x`` in the other) and no
-        temporary full-size buffers. They are built by ``pip install``, or with
-        the system C compiler on first use (see ``amopt.torch._fused``). Groups
-        the kernels do not handle (non-CPU tensors, dtypes other than
-        float32/float64, non-contiguous tensors), or a machine without a C
+        Fused kernels: on the CPU, C kernels making two passes over memory per
+        step (the three inner products in one pass, the update of ``d`` and
+        ``x`` in the other) and no temporary full-size buffers, built by ``pip
+        install`` or with the system C compiler on first use (see
+        ``amopt.torch._fused``);
+        on CUDA, Triton kernels where ``amopt.torch._triton`` provides them.
+        Parameters on other devices raise ``RuntimeError`` at their first step,
+        as in ``torch.optim``. Groups the kernels do not handle (dtypes other
+        than float32/float64, non-contiguous tensors), or a machine without a C
         compiler, use the foreach implementation with a
         ``FusedFallbackWarning``. Same iterates as the single-tensor
         implementation up to float rounding (blocked reductions, see
-        ``amopt/torch/csrc/am_fused.c``).
-        ``None`` means ``False``. Cannot be combined with ``foreach=True``.
+        ``amopt/torch/csrc/am_fused.c``). Cannot be combined with ``foreach=True``.
+
+        With neither ``fused`` nor ``foreach`` given, each step runs the fastest
+        implementation for the group's device and dtype: the fused C kernels
+        for float32/float64 on the CPU, the Triton kernels on CUDA, foreach
+        otherwise; where those kernels cannot run, the foreach implementation
+        with one ``FusedFallbackWarning`` per optimizer saying why.
     process_group : ProcessGroup, optional
         The ranks that together hold the parameters of a ``per_layer=False`` group
         of plain tensors, each rank a partition (found automatically inside
@@ -146,7 +165,14 @@ class AMSGD(AMOptimizerBase):
 
     **No host synchronisation.** ``step()`` never reads a device value on the
     host: beta stays a device tensor and the guard, clip and variants are
-    ``torch.where`` / ``torch.clamp`` expressions.
+    ``torch.where`` / ``torch.clamp`` expressions. State tensors are updated in
+    place, so ``torch.compile`` of a function calling ``step()`` compiles once.
+
+    **Mixed precision.** ``torch.amp.GradScaler`` steps the optimizer with its
+    scale and ``found_inf`` (``_step_supports_amp_scaling``): gradients are
+    unscaled inside the step and a step with an inf or NaN gradient leaves the
+    parameters and the state as they were, decided on the device (see
+    ``amopt.torch._common.InfSkip``).
 
     **Schedulers.** Every ``torch.optim.lr_scheduler`` drives ``lr``. With
     ``cycle_momentum=True``, ``CyclicLR`` and ``OneCycleLR`` cycle the *cap*
@@ -182,7 +208,7 @@ class AMSGD(AMOptimizerBase):
     def __init__(
         self,
         params: ParamsT,
-        lr: float,
+        lr: float | Tensor = 1e-3,
         lam: float = 0.1,
         beta_max: float = 0.9,
         weight_decay: float = 0.0,
@@ -285,11 +311,27 @@ class AMSGD(AMOptimizerBase):
                 )
             state = self.state[p]
             if "step" not in state:
+                if group["fused"]:
+                    check_fused_device(p)
                 state["step"] = new_step()
+            fresh = state.get("momentum_buffer") is None
+            if not fresh and getattr(self, "found_inf", None) is not None:
+                # a first step skipped for an inf gradient left a zero buffer and step 0
+                fresh = not bool(state["step"])  # a CPU counter: no device sync
+            if fresh:
+                # d = g on the first step, formed as the functional forms it; created here,
+                # where torch.compile runs _init_group eagerly, so that the compiled step
+                # is the same at every step
+                grad = -p.grad if group["maximize"] else p.grad
+                grad = unscale([grad], getattr(self, "grad_scale", None))[0]
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                state["momentum_buffer"] = torch.clone(grad).detach()
             params.append(p)
             grads.append(p.grad)
-            momentum_buffer_list.append(state.get("momentum_buffer"))
+            momentum_buffer_list.append(state["momentum_buffer"])
             state_steps.append(state["step"])
+        self._init_betas(group, params)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -310,6 +352,7 @@ class AMSGD(AMOptimizerBase):
             with torch.enable_grad():
                 loss = closure()
 
+        grad_scale, found_inf = self._amp()
         # reconcile every cap first, so that an invalid one fails before any group steps
         caps = [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
         for group, beta_max in zip(self.param_groups, caps, strict=True):
@@ -322,14 +365,17 @@ class AMSGD(AMOptimizerBase):
                 _distributed.join_empty(self, group)
                 continue
 
+            path = self._path(group, params, grads)
             betas = amsgd(
                 params,
                 grads,
                 momentum_buffer_list,
                 state_steps,
-                foreach=group["foreach"],
-                fused=group["fused"],
-                lr=group["lr"],
+                foreach=path == "foreach",
+                fused=path in ("fused", "triton"),
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+                lr=as_float(group["lr"]),
                 lam=group["lam"],
                 beta_max=beta_max,
                 weight_decay=group["weight_decay"],
@@ -343,12 +389,9 @@ class AMSGD(AMOptimizerBase):
                 process_group=_distributed.scope_group(self, group, grads),
             )
 
-            for p, buf, beta in zip(params, momentum_buffer_list, betas, strict=True):
-                state = self.state[p]
-                state["momentum_buffer"] = buf
-                state["beta"] = beta
-            if not group["per_layer"]:
-                self._share_group_state(group, beta=betas[0])
+            for p, buf in zip(params, momentum_buffer_list, strict=True):
+                self.state[p]["momentum_buffer"] = buf
+            self._store_state(group, params, "beta", betas, InfSkip(found_inf, ()))
         return loss
 
 
@@ -363,7 +406,9 @@ def amsgd(
     foreach: bool | None = None,
     *,
     fused: bool | None = None,
-    lr: float,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+    lr: float | Tensor,
     lam: float = 0.1,
     beta_max: float = 0.9,
     weight_decay: float = 0.0,
@@ -390,10 +435,15 @@ def amsgd(
         replaced by a new buffer equal to the gradient (the first step).
     state_steps : list of Tensor
         0-d step counters, incremented in place.
-    foreach : bool or None
-        Multi-tensor implementation; ``None`` chooses as ``torch.optim`` does.
-    fused : bool or None
-        Fused CPU kernels (see :class:`AMSGD`); ``None`` means ``False``.
+    foreach, fused : bool or None
+        The implementation, as in :class:`AMSGD`: with both ``None``, the fastest
+        one for the tensors' device and dtype.
+    grad_scale, found_inf : Tensor, optional
+        ``torch.amp.GradScaler``'s protocol: the gradients are divided by
+        ``grad_scale``, and where the 0-d ``found_inf`` is non-zero the step leaves
+        ``params``, the buffers and the step counters as they were (decided on the
+        device). A buffer created by such a step (from a ``None`` entry) is zero:
+        pass ``None`` for it again while its step counter is 0.
     lr, lam, beta_max, weight_decay, per_layer
         As in :class:`AMSGD`.
     variant, beta_min, theta, beta_high, beta_low, maximize
@@ -420,9 +470,7 @@ def amsgd(
     >>> float(betas[0]), [round(v, 6) for v in x.tolist()]
     (0.9, [2.157273, -0.165289])
     """
-    if fused and foreach:
-        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
-    config = AMConfig.cached(
+    config = rule_config(
         lam=lam,
         beta_max=beta_max,
         numerator="linear",
@@ -437,26 +485,58 @@ def amsgd(
     params, grads, momentum_buffer_list, sync = _distributed.localize(
         params, grads, momentum_buffer_list, per_layer=per_layer, process_group=process_group
     )
-    if fused:
-        func = _fused_amsgd
+    path, reason = default_path(params, grads, fused=fused, foreach=foreach)
+    if reason is not None:
+        warn_path_fallback(reason, _FUNCTIONAL_WARNED)
+    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+        path = "foreach"
+    hyper = {"lr": as_float(lr), "weight_decay": weight_decay, "maximize": maximize}
+    tensors = (params, grads, momentum_buffer_list, state_steps)
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    if path == "triton":  # the Triton kernels unscale and skip themselves
+        betas = triton_module().triton_amsgd(*tensors, config=config, **amp, **hyper)
+    elif path == "fused" and _accepts_amp(_fused.fused_amsgd):
+        betas = _fused_amsgd(*tensors, **amp, config=config, sync=sync, **hyper)
     else:
-        if foreach is None:
-            _, foreach = _default_to_fused_or_foreach(
-                params, differentiable=False, use_fused=False
-            )
-        func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
-    betas = func(
-        params,
-        grads,
-        momentum_buffer_list,
-        state_steps,
-        lr=lr,
-        weight_decay=weight_decay,
-        maximize=maximize,
-        config=config,
-        sync=sync,
-    )
+        if path == "fused":
+            func: Callable[..., list[Tensor]] = _fused_amsgd
+        else:
+            func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
+        betas = _amp_amsgd(func, *tensors, **amp, config=config, sync=sync, **hyper)
     _distributed.store_new_states(caller_buffers, momentum_buffer_list, caller_params)
+    return betas
+
+
+_FUNCTIONAL_WARNED: set[str] = set()
+
+
+def _accepts_amp(kernel: Callable[..., Any]) -> bool:
+    """Whether a fused kernel takes ``grad_scale`` and ``found_inf`` itself."""
+    try:
+        names = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return False
+    return "grad_scale" in names and "found_inf" in names
+
+
+def _amp_amsgd(
+    func: Callable[..., list[Tensor]],
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor | None],
+    state_steps: list[Tensor],
+    *,
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    **hyper: Any,
+) -> list[Tensor]:
+    """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
+    grads = unscale(grads, grad_scale)
+    skip = InfSkip(found_inf, [*params, *momentum_buffer_list])
+    before = list(momentum_buffer_list)
+    betas = func(params, grads, momentum_buffer_list, state_steps, **hyper)
+    created = [b for b, old in zip(momentum_buffer_list, before, strict=True) if b is not old]
+    skip.restore(state_steps, created=created)
     return betas
 
 
@@ -469,27 +549,24 @@ def _fused_amsgd(
     grad_scale: Tensor | None = None,
     found_inf: Tensor | None = None,
     **hyper: Any,
-) -> list[Tensor] | None:
-    """The fused CPU kernels; the foreach path where they cannot run (with a warning).
-
-    ``None`` when ``found_inf`` skipped the step (nothing was modified).
-    """
-    out = fused_amsgd(
-        params,
-        grads,
-        momentum_buffer_list,
-        state_steps,
-        grad_scale=grad_scale,
-        found_inf=found_inf,
-        **hyper,
-    )
+) -> list[Tensor]:
+    """The fused C kernels; the foreach path where they cannot run (with a warning)."""
+    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    out = _fused.fused_amsgd(params, grads, momentum_buffer_list, state_steps, **amp, **hyper)
+    if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
+        return [_skipped_beta(params)] * len(params)
     if isinstance(out, str):
         warn_fallback(out)
-        grads = fallback_grads(grads, grad_scale, found_inf)
-        if grads is None:  # found_inf: the step is skipped
-            return None
-        return _multi_tensor_amsgd(params, grads, momentum_buffer_list, state_steps, **hyper)
+        return _amp_amsgd(
+            _multi_tensor_amsgd, params, grads, momentum_buffer_list, state_steps, **amp, **hyper
+        )
     return out
+
+
+def _skipped_beta(params: list[Tensor]) -> Tensor:
+    """The beta reported for a skipped step (discarded by the optimizers' found_inf blend)."""
+    dtype = accumulation_dtype([real_dtype(p) for p in params])
+    return torch.zeros((), dtype=dtype, device=params[0].device)
 
 
 def _single_tensor_amsgd(
@@ -548,9 +625,14 @@ def _single_tensor_amsgd(
     for k, scope in enumerate(scopes):
         gamma_k = gamma[k]
         for i in scope:
-            d = ds[i]
-            d.mul_(gamma_k.to(device=d.device, dtype=d.dtype)).add_(gs[i])
-            xs[i].add_(d, alpha=-lr)
+            # in float32 for half precision (stored back in the param dtype)
+            op = accumulation_dtype([ds[i].dtype])
+            d, g, x = (t.to(op) for t in (ds[i], gs[i], xs[i]))
+            d.mul_(gamma_k.to(device=d.device, dtype=op)).add_(g)
+            x.add_(d, alpha=-lr)
+            for low, high in ((ds[i], d), (xs[i], x)):
+                if low is not high:
+                    low.copy_(high)
             betas[i] = beta[k]
     return betas
 
@@ -571,7 +653,7 @@ def _multi_tensor_amsgd(
     if n == 0:
         return []
     per_layer = config.per_layer
-    scope_acc = accumulation_dtype(real_dtype(p) for p in params)
+    scope_acc = accumulation_dtype([real_dtype(p) for p in params])
     grouped = Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, momentum_buffer_list, state_steps],  # type: ignore[list-item]
         with_indices=True,
@@ -625,18 +707,27 @@ def _multi_tensor_amsgd(
             beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
                 betas[k] = b
-            coefs.append(list(gamma.to(dev_grads[0].dtype).unbind()))
+            coefs.append(list(gamma.to(accumulation_dtype([dev_grads[0].dtype])).unbind()))
     else:
         beta, gamma = _rule.momentum_beta(torch, bucket_sums[0], config)
         betas = [beta] * n
         coefs = [
-            gamma.to(device=b[1][0].device, dtype=b[1][0].dtype, non_blocking=True)
+            gamma.to(
+                device=b[1][0].device,
+                dtype=accumulation_dtype([b[1][0].dtype]),
+                non_blocking=True,
+            )
             for b in buckets
         ]
 
-    # apply: d = g + gamma * v, x -= lr * d
-    for (dev_params, dev_grads, dev_bufs, *_), coef in zip(buckets, coefs, strict=True):
+    # apply: d = g + gamma * v, x -= lr * d, in float32 for half precision
+    for (params_low, grads_low, bufs_low, *_), coef in zip(buckets, coefs, strict=True):
+        op = accumulation_dtype([grads_low[0].dtype])
+        dev_params, dev_grads, dev_bufs = (cast(t, op) for t in (params_low, grads_low, bufs_low))
         torch._foreach_mul_(dev_bufs, coef)
         torch._foreach_add_(dev_bufs, dev_grads)
         torch._foreach_add_(dev_params, dev_bufs, alpha=-lr)
+        if dev_bufs[0] is not bufs_low[0]:
+            torch._foreach_copy_(bufs_low, dev_bufs)
+            torch._foreach_copy_(params_low, dev_params)
     return betas

@@ -2,11 +2,16 @@
 
 The beta rules themselves live in :mod:`amopt._rule` (one implementation for every
 surface); everything here works on tensors that stay on their device, so that no
-value is read back to the host while an optimizer steps.
+value is read back to the host while an optimizer steps. Also here: the choice of
+the implementation a param group runs (:func:`default_path`) and the GradScaler
+protocol (:func:`unscale`, :class:`InfSkip`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import warnings
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import Any
@@ -15,25 +20,92 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from amopt._config import check_bool, check_nonnegative
+from amopt._config import AMConfig, check_betas, check_bool, check_nonnegative
 
 __all__: list[str] = []
 
 #: Per-parameter state entries kept in the accumulation dtype (never cast to the param dtype).
 SCALAR_STATE_KEYS = ("beta", "beta1_prod")
 
+#: The implementations of a step: the readable reference, ``torch._foreach_*``, the
+#: fused C kernels of :mod:`amopt.torch._fused` (CPU) and the Triton kernels (CUDA).
+PATHS = ("single", "foreach", "fused", "triton")
+
+_NO_CAPTURABLE = "the AM optimizers have no capturable mode"
+
 
 # --------------------------------------------------------------------------- validation
 
 
-def check_lr(value: Any) -> float:
-    """``lr``: a finite real number >= 0 (the messages of :mod:`amopt._config`)."""
+def as_float(value: Any) -> Any:
+    """A 1-element tensor hyper-parameter as a Python float; anything else unchanged.
+
+    Tensor ``lr`` and ``betas`` are accepted where ``torch.optim.Adam`` accepts them;
+    the AM rule configuration and the elementwise kernels take them as numbers, read
+    when a step starts (as ``torch.optim``'s for-loop implementation reads a tensor lr).
+    """
+    return value.item() if isinstance(value, Tensor) else value
+
+
+def _scalar_tensor(value: Tensor) -> Tensor:
+    return value.reshape(()) if value.dim() != 0 and value.numel() == 1 else value
+
+
+def check_lr(value: Any, *, foreach: bool | None = None) -> float:
+    """``lr``: a finite real number >= 0, or a 1-element tensor holding one.
+
+    As in ``torch.optim.Adam``, a tensor lr with ``foreach=True`` is a ``ValueError``
+    (there it needs ``capturable=True``, which the AM optimizers do not have).
+    """
     if isinstance(value, Tensor):
-        raise TypeError(
-            f"lr must be a Python float; got a Tensor (lr={value!r}); tensor learning "
-            "rates are not supported by the AM optimizers"
-        )
+        if value.numel() != 1:
+            raise ValueError(
+                f"Tensor lr must be 1-element; got lr={value!r} with {value.numel()} elements"
+            )
+        if foreach:
+            raise ValueError(
+                "lr as a Tensor is not supported for capturable=False and foreach=True "
+                f"({_NO_CAPTURABLE}); got lr={value!r}, foreach=True; pass a float lr or "
+                "leave foreach unset"
+            )
+        return check_nonnegative("lr", value.item())
     return check_nonnegative("lr", value)
+
+
+def check_tensor_betas(value: Any, *, foreach: bool | None = None) -> tuple[float, float]:
+    """``betas`` of the Adam family: two numbers in ``[0, 1)``, or two 1-element tensors.
+
+    The rules of ``torch.optim.Adam``: both floats or both tensors, each tensor of one
+    element, and tensors not with ``foreach=True``. Returns the values as floats.
+    """
+    try:
+        b1, b2 = value
+    except (TypeError, ValueError):
+        return check_betas("betas", value)  # raises the message for a malformed pair
+    is_tensor = (isinstance(b1, Tensor), isinstance(b2, Tensor))
+    if is_tensor[0] != is_tensor[1]:
+        raise ValueError(f"betas must be either both floats or both Tensors; got betas={value!r}")
+    if is_tensor[0]:
+        for k, b in enumerate((b1, b2)):
+            if b.numel() != 1:
+                raise ValueError(
+                    f"Tensor betas[{k}] must be 1-element; got betas[{k}]={b!r} with "
+                    f"{b.numel()} elements"
+                )
+            if foreach:
+                raise ValueError(
+                    f"betas[{k}] as a Tensor is not supported for capturable=False and "
+                    f"foreach=True ({_NO_CAPTURABLE}); got betas={value!r}, foreach=True"
+                )
+        b1, b2 = b1.item(), b2.item()
+    return check_betas("betas", (b1, b2))
+
+
+def store_betas(value: Any) -> Any:
+    """``betas`` as kept in a param group: a tuple, tensors as 0-d tensors."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_scalar_tensor(b) if isinstance(b, Tensor) else b for b in value)
+    return value
 
 
 def check_group_flags(group: dict[str, Any], nonnegative: Sequence[str] = ()) -> None:
@@ -44,7 +116,21 @@ def check_group_flags(group: dict[str, Any], nonnegative: Sequence[str] = ()) ->
     check_bool("foreach", group["foreach"], allow_none=True)
     check_bool("fused", group["fused"], allow_none=True)
     if group["fused"] and group["foreach"]:
-        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+        raise RuntimeError(
+            "`fused` and `foreach` cannot be `True` together; got fused=True, foreach=True "
+            "(set one of them, or neither to let the optimizer choose)"
+        )
+
+
+def rule_config(**kwargs: Any) -> AMConfig:
+    """The validated :class:`~amopt._config.AMConfig` of a step, built once per value.
+
+    Under ``torch.compile`` it is built directly: dynamo traces the construction (its
+    values are constants of the graph) and would warn about the cache wrapper.
+    """
+    if torch.compiler.is_compiling():
+        return AMConfig(**kwargs)
+    return AMConfig.cached(**kwargs)
 
 
 # --------------------------------------------------------------------------- dtypes, steps
@@ -88,11 +174,12 @@ def _foreach_powsum(
 ) -> list[Tensor]:
     """``[sum(|t|**order) for t in tensors]``: ``torch._foreach_powsum`` where it exists.
 
-    Older torch releases lack it; there ``_foreach_norm`` is used, raised back
-    to the power ``order`` (a relative difference of a few ulps for ``order=2``).
+    Older torch releases lack it, and ``torch.compile`` does not trace it; there
+    ``_foreach_norm`` is used, raised back to the power ``order`` (a relative
+    difference of a few ulps for ``order=2``).
     """
     powsum = getattr(torch, "_foreach_powsum", None)
-    if powsum is not None:
+    if powsum is not None and not torch.compiler.is_compiling():  # dynamo cannot trace it
         return list(powsum(tensors, order, dtype=dtype))
     norms = torch._foreach_norm(tensors, order, dtype=dtype)
     return list(norms) if order == 1 else list(torch._foreach_pow(norms, order))
@@ -151,11 +238,248 @@ def total(parts: Sequence[Tensor]) -> Tensor:
     return torch.stack([p.to(device, non_blocking=True) for p in parts]).sum()
 
 
+# --------------------------------------------------------------------------- implementation
+
+
+_TRITON_MODULE = "amopt.torch._triton"
+_triton_state: dict[str, Any] = {"tried": False, "module": None, "error": None}
+
+
+def triton_module() -> Any:
+    """``amopt.torch._triton`` when it imports, else ``None`` (the reason is kept).
+
+    The module provides ``available(tensors) -> str | None`` (``None``: its kernels can
+    step these tensors; a string: why not) and ``triton_amsgd`` / ``triton_am_adamw``,
+    which take the arguments of the single-tensor implementations, ``grad_scale`` and
+    ``found_inf`` included.
+    """
+    if not _triton_state["tried"]:
+        _triton_state["tried"] = True
+        try:
+            if importlib.util.find_spec(_TRITON_MODULE) is None:
+                raise ImportError(f"{_TRITON_MODULE} is not installed")
+            _triton_state["module"] = importlib.import_module(_TRITON_MODULE)
+        except Exception as exc:  # noqa: BLE001 - any failure means "no Triton kernels"
+            _triton_state["error"] = f"{type(exc).__name__}: {exc}"
+    return _triton_state["module"]
+
+
+def triton_unavailable(tensors: Sequence[Tensor]) -> str | None:
+    """``None`` if the Triton kernels can step ``tensors``, else the reason."""
+    mod = triton_module()
+    if mod is None:
+        return f"the Triton kernels are unavailable ({_triton_state['error']})"
+    available = getattr(mod, "available", None)
+    if available is None:
+        return f"{_TRITON_MODULE} has no available() function"
+    return available(list(tensors))
+
+
+def fused_devices() -> list[str]:
+    """Device types ``fused=True`` supports: the CPU (C kernels), CUDA with Triton installed."""
+    mod = triton_module()
+    return ["cpu", "cuda"] if mod is not None and mod.available([]) is None else ["cpu"]
+
+
+def check_fused_device(p: Tensor) -> None:
+    """``fused=True``: a floating (or complex) parameter on a device with fused kernels.
+
+    The message is that of ``torch.optim``; a parameter on, e.g., the ``meta`` device
+    raises ``RuntimeError`` at its first step, as there.
+    """
+    devices = fused_devices()
+    if p.device.type not in devices or not (torch.is_floating_point(p) or p.is_complex()):
+        raise RuntimeError(
+            "`fused=True` requires all the params to be floating point Tensors of supported "
+            f"devices: {devices} but {p.dtype} and {p.device.type}; use fused=False or "
+            "leave it unset"
+        )
+
+
+def _fused_cpu_unavailable(tensors: Sequence[Tensor]) -> str | None:
+    from amopt.torch import _fused  # the C kernels import this module
+
+    if _fused.library() is None:
+        return f"the fused CPU kernels are unavailable ({_fused.fused_status()['error']})"
+    for t in tensors:
+        t = as_real(t)
+        if t.layout != torch.strided or not t.is_contiguous():
+            return "a parameter or gradient is not a dense contiguous tensor"
+    return None
+
+
+def default_path(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    *,
+    fused: bool | None,
+    foreach: bool | None,
+) -> tuple[str, str | None]:
+    """The implementation a param group runs, and why it is not a faster one.
+
+    ``fused`` and ``foreach`` are the group's flags. An explicit choice is respected
+    (as in ``torch.optim``: giving either flag turns the automatic choice off):
+    ``fused=True`` runs the fused kernels of the parameters' device, ``foreach=True``
+    the ``torch._foreach_*`` implementation and ``False`` the single-tensor reference.
+    With both ``None`` the fastest correct implementation for the device and dtype:
+
+    * CPU, one dtype in float32/float64 (complex included): the fused C kernels of
+      :mod:`amopt.torch._fused`, else foreach;
+    * CUDA: the Triton kernels of ``amopt.torch._triton`` where that module imports and
+      its ``available(tensors)`` accepts the tensors, else foreach;
+    * any other device, and half precision on the CPU: foreach.
+
+    Returns
+    -------
+    path : {"single", "foreach", "fused", "triton"}
+    reason : str or None
+        Why the kernels the device and dtype call for cannot run (a fallback worth a
+        warning); ``None`` when ``path`` is the intended one.
+    """
+    if fused and foreach:
+        raise RuntimeError(
+            "`fused` and `foreach` cannot be `True` together; got fused=True, foreach=True"
+        )
+    devices = {p.device.type for p in params}
+    if fused:
+        return ("triton" if devices == {"cuda"} else "fused"), None
+    if fused is not None or foreach is not None:
+        return ("foreach" if foreach else "single"), None
+    tensors = [*params, *grads]
+    if devices == {"cpu"}:
+        dtypes = {real_dtype(p) for p in tensors}
+        if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
+            return "foreach", None
+        why = _fused_cpu_unavailable(tensors)
+        return ("foreach", why) if why else ("fused", None)
+    if devices == {"cuda"}:
+        why = triton_unavailable(tensors)
+        return ("foreach", why) if why else ("triton", None)
+    return "foreach", None
+
+
+def warn_path_fallback(reason: str, seen: set[str], stacklevel: int = 3) -> None:
+    """Warn once per ``reason`` (per ``seen`` set) that a group runs the foreach path."""
+    from amopt.torch._fused import FusedFallbackWarning
+
+    if reason in seen:
+        return
+    seen.add(reason)
+    warnings.warn(
+        f"{reason}; the foreach implementation runs instead (same iterates up to float "
+        "rounding). Pass foreach=True (or fused=False) to choose an implementation and "
+        "silence this warning",
+        FusedFallbackWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+# --------------------------------------------------------------------------- GradScaler
+
+
+def _on(value: Tensor, device: torch.device, cache: dict[torch.device, Tensor]) -> Tensor:
+    if device not in cache:
+        cache[device] = value.to(device, non_blocking=True)
+    return cache[device]
+
+
+def unscale(grads: Sequence[Tensor], grad_scale: Tensor | None) -> list[Tensor]:
+    """``g / grad_scale`` for every gradient (new tensors; ``p.grad`` is left alone)."""
+    if grad_scale is None:
+        return list(grads)
+    cache: dict[torch.device, Tensor] = {}
+    return [g / _on(grad_scale, g.device, cache) for g in grads]
+
+
+class InfSkip:
+    """Undo a step's in-place updates where ``found_inf`` is set, without a host sync.
+
+    ``torch.amp.GradScaler`` hands optimizers with ``_step_supports_amp_scaling`` a 0-d
+    ``found_inf`` (non-zero when a gradient held an inf or NaN) and lets them skip the
+    step. The step runs in full; ``InfSkip`` keeps copies of the tensors it updates and
+    afterwards puts back ``torch.where(found_inf > 0, old, new)``: a data-dependent
+    choice on the device instead of a branch on the host. The step counters, on the
+    CPU, are decremented by ``found_inf > 0`` (with a CUDA ``found_inf`` that is one
+    copy to the host per step).
+    """
+
+    def __init__(self, found_inf: Tensor | None, tensors: Iterable[Tensor | None]) -> None:
+        self.found_inf = found_inf
+        self._cache: dict[torch.device, Tensor] = {}
+        self._saved: list[tuple[Tensor, Tensor]] = []
+        if found_inf is not None:
+            self._saved = [(t, t.clone()) for t in tensors if t is not None]
+
+    def skip(self, device: torch.device) -> Tensor:
+        """The 0-d boolean ``found_inf > 0`` on ``device``."""
+        assert self.found_inf is not None
+        if device not in self._cache:
+            self._cache[device] = self.found_inf.to(device, non_blocking=True) > 0
+        return self._cache[device]
+
+    def restore(self, steps: Sequence[Tensor] = (), created: Iterable[Tensor | None] = ()) -> None:
+        """Put back the saved tensors where ``found_inf`` is set; zero ``created`` ones."""
+        if self.found_inf is None:
+            return
+        for t, old in self._saved:
+            t.copy_(torch.where(self.skip(t.device), old, t))
+        for t in created:
+            if t is not None:
+                t.copy_(torch.where(self.skip(t.device), torch.zeros_like(t), t))
+        for s in steps:
+            s.sub_(self.skip(s.device).to(s.dtype))
+
+    def blend(self, old: Tensor | None, new: Tensor) -> Tensor:
+        """``where(found_inf > 0, old, new)`` (0 for a missing ``old``)."""
+        if self.found_inf is None:
+            return new
+        keep = torch.zeros_like(new) if old is None else old.to(new.device, new.dtype)
+        return torch.where(self.skip(new.device), keep, new)
+
+
 # --------------------------------------------------------------------------- optimizer base
 
 
+def _same_kind(old: Any, new: Tensor) -> bool:
+    return (
+        isinstance(old, Tensor)
+        and old.shape == new.shape
+        and old.dtype == new.dtype
+        and old.device == new.device
+    )
+
+
+def _store(state: dict[str, Any], key: str, value: Tensor) -> None:
+    old = state.get(key)
+    if _same_kind(old, value):
+        if old is not value:
+            old.copy_(value)
+    else:
+        state[key] = value
+
+
 class AMOptimizerBase(Optimizer):
-    """Telemetry and state-dict handling shared by the AM optimizers."""
+    """Telemetry, state-dict handling and the choice of implementation of the AM optimizers.
+
+    ``_step_supports_amp_scaling``: ``torch.amp.GradScaler`` passes its scale and
+    ``found_inf`` to ``step()`` (as the attributes ``grad_scale`` and ``found_inf``)
+    instead of unscaling the gradients and checking for infs on the host; the step
+    unscales and skips itself (see :class:`InfSkip`).
+    """
+
+    _step_supports_amp_scaling = True
+
+    def _path(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> str:
+        """The implementation this group runs now (:func:`default_path`), warning once."""
+        path, reason = default_path(params, grads, fused=group["fused"], foreach=group["foreach"])
+        if reason is not None:
+            seen = self.__dict__.setdefault("_fallback_warned", set())
+            warn_path_fallback(reason, seen, stacklevel=4)
+        return path
+
+    def _amp(self) -> tuple[Tensor | None, Tensor | None]:
+        """``grad_scale`` and ``found_inf`` set by ``torch.amp.GradScaler`` for this step."""
+        return getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
 
     def latest_betas(self) -> list[list[Tensor | None]]:
         """The beta applied at the latest step, per param group and parameter.
@@ -168,6 +492,8 @@ class AMOptimizerBase(Optimizer):
         ``optimizer.state[p]["beta"]``: no copy, no kernel and no device
         synchronisation, so this is cheap enough to log every step (call
         ``.item()`` or ``torch.stack(...).tolist()`` when you want host values).
+        The state is updated in place at each step, so keep ``torch.stack(...)``
+        (a copy) rather than the tensors themselves to log a history.
         """
         return [
             [
@@ -177,12 +503,65 @@ class AMOptimizerBase(Optimizer):
             for g in self.param_groups
         ]
 
-    def _share_group_state(self, group: dict[str, Any], **entries: Tensor) -> None:
-        """Store group-level state (a global scope's beta) on every stepped member."""
-        for p in group["params"]:
-            state = self.state.get(p)
-            if state:
-                state.update(entries)
+    def _init_betas(self, group: dict[str, Any], params: Sequence[Tensor]) -> None:
+        """Give stepped parameters without a ``beta`` entry a 0-d zero before their step.
+
+        The step then only updates existing tensors (``_store_state``); created in
+        ``_init_group``, which ``torch.compile`` runs eagerly, it keeps the compiled
+        step the same from the first step on. A global scope's members share one.
+        """
+        missing = [p for p in params if "beta" not in self.state[p]]
+        if not missing:
+            return
+        if group["per_layer"]:
+            for p in missing:
+                dtype = accumulation_dtype([real_dtype(p)])
+                self.state[p]["beta"] = torch.zeros((), dtype=dtype, device=p.device)
+            return
+        shared = next(
+            (self.state[p]["beta"] for p in group["params"] if "beta" in self.state.get(p, {})),
+            None,
+        )
+        if shared is None:
+            dtype = accumulation_dtype([real_dtype(p) for p in params])
+            shared = torch.zeros((), dtype=dtype, device=params[0].device)
+        for p in missing:
+            self.state[p]["beta"] = shared
+
+    def _store_state(
+        self,
+        group: dict[str, Any],
+        params: Sequence[Tensor],
+        key: str,
+        values: Sequence[Tensor],
+        skip: InfSkip | None = None,
+    ) -> None:
+        """Write the 0-d entries ``key`` of a step into the state, in place where they exist.
+
+        ``values`` is aligned with ``params``, the parameters stepped; with a global scope
+        (``per_layer=False``) it holds the scope's one value and every member with state
+        shares one tensor. Existing tensors are updated with ``copy_`` rather than
+        rebound, so that a compiled ``step()`` sees the same tensors at every step. With
+        ``skip``, a step skipped for an inf gradient keeps the previous values.
+        """
+        if group["per_layer"]:
+            for p, value in zip(params, values, strict=True):
+                state = self.state[p]
+                _store(state, key, skip.blend(state.get(key), value) if skip else value)
+            return
+        members = [self.state[p] for p in group["params"] if self.state.get(p)]
+        existing: dict[int, Tensor] = {}
+        for state in members:
+            old = state.get(key)
+            if _same_kind(old, values[0]):
+                existing[id(old)] = old
+        shared = next(iter(existing.values()), None)
+        value = skip.blend(shared, values[0]) if skip else values[0]
+        for t in existing.values():
+            t.copy_(value)
+        for state in members:
+            if not _same_kind(state.get(key), value):
+                state[key] = value if shared is None else shared
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict; ``beta`` / ``beta1_prod`` keep their accumulation dtype.
