@@ -109,3 +109,15 @@ def test_beta_finite_and_in_range_across_scales(dtype, exponent, seed, lam, beta
     x = _as_array(rng.standard_normal(16), dtype)
     beta = float(amopt.am_adam_beta(g, d, x, p, lr=1e-3, lam=lam, beta_max=beta_max))
     assert np.isfinite(beta) and 0.0 <= beta <= beta_max
+
+
+def test_heavy_ball_state_does_not_alias_the_callers_gradient():
+    """The first step's buffer is a copy: reusing the gradient array changes nothing."""
+    x = np.array([1.0, -2.0])
+    g = np.array([0.5, 0.25])
+    x1, state = amopt.heavy_ball_step(x, g, amopt.heavy_ball_init(x), lr=0.1, beta=0.9)
+    g[:] = 100.0  # the caller reuses its buffer for the next gradient
+    np.testing.assert_array_equal(state.d[0], [0.5, 0.25])
+    g2 = np.array([1.0, 1.0])
+    x2, _ = amopt.heavy_ball_step(x1, g2, state, lr=0.1, beta=0.9)
+    np.testing.assert_allclose(x2, x1 - 0.1 * (0.9 * np.array([0.5, 0.25]) + 0.1 * g2))
