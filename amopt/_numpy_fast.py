@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import array_api_compat.numpy as xp
 import numpy as np
 
 from amopt import _rule
@@ -165,7 +164,7 @@ def am_momentum_step_numpy(
         # the common case of minimize, in straight-line code
         x, g = xs[0], gs[0]
         v, sums = _sums_small(g, ds[0], exact, with_vd)
-        beta, gamma = _rule.momentum_beta(xp, sums, config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(np, sums, config, lr=lr, f_decrease=f_decrease)
         np.multiply(v, gamma.astype(v.dtype, copy=False), out=v)
         np.add(g, v, out=v)
         step = np.multiply(v, lr)
@@ -187,7 +186,7 @@ def am_momentum_step_numpy(
                 parts = _sums_blocked(g, d, exact, with_vd)
             # the scope sums start from the first array's, as in amopt._reduce
             sums = parts if sums is None else sums + parts
-        beta, gamma = _rule.momentum_beta(xp, sums, config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(np, sums, config, lr=lr, f_decrease=f_decrease)
         coef = gamma.astype(xs[scope[0]].dtype, copy=False)
         for i in scope:
             v = small.get(i)

@@ -382,6 +382,10 @@ from amopt.bench import _dask  # noqa: E402  (its rows are built from Row and Me
 
 EXTRA_ROWS += _dask.ROWS
 
+from amopt.bench import _gpu  # noqa: E402  (likewise)
+
+EXTRA_ROWS += _gpu.gpu_rows()
+
 
 # --------------------------------------------------------------------------- running, report
 
