@@ -2,7 +2,6 @@ r"""``AMAdamW`` and ``AMAdam``: Adam with Adaptive Memory momentum for ``torch.o
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -590,25 +589,13 @@ def am_adamw(
     if path == "triton":  # the Triton kernels unscale and skip themselves
         return triton_module().triton_am_adamw(*tensors, **amp, **hyper)
     hyper["sync"] = sync
-    if path == "fused" and _accepts_amp(_fused.fused_am_adamw):
+    if path == "fused":  # so do the C kernels
         return _fused_am_adamw(*tensors, **amp, **hyper)
-    if path == "fused":
-        func: Callable[..., tuple[list[Tensor], list[Tensor]]] = _fused_am_adamw
-    else:
-        func = _multi_tensor_am_adamw if path == "foreach" else _single_tensor_am_adamw
-    return _amp_am_adamw(func, *tensors, grad_scale=grad_scale, found_inf=found_inf, **hyper)
+    func = _multi_tensor_am_adamw if path == "foreach" else _single_tensor_am_adamw
+    return _amp_am_adamw(func, *tensors, **amp, **hyper)
 
 
 _FUNCTIONAL_WARNED: set[str] = set()
-
-
-def _accepts_amp(kernel: Callable[..., Any]) -> bool:
-    """Whether a fused kernel takes ``grad_scale`` and ``found_inf`` itself."""
-    try:
-        names = inspect.signature(kernel).parameters
-    except (TypeError, ValueError):
-        return False
-    return "grad_scale" in names and "found_inf" in names
 
 
 def _amp_am_adamw(

@@ -2,7 +2,6 @@ r"""``AMSGD``: SGD with Adaptive Memory momentum (the paper's AM-MSGD) for ``tor
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -495,28 +494,16 @@ def amsgd(
     amp = {"grad_scale": grad_scale, "found_inf": found_inf}
     if path == "triton":  # the Triton kernels unscale and skip themselves
         betas = triton_module().triton_amsgd(*tensors, config=config, **amp, **hyper)
-    elif path == "fused" and _accepts_amp(_fused.fused_amsgd):
+    elif path == "fused":  # so do the C kernels
         betas = _fused_amsgd(*tensors, **amp, config=config, sync=sync, **hyper)
     else:
-        if path == "fused":
-            func: Callable[..., list[Tensor]] = _fused_amsgd
-        else:
-            func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
+        func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
         betas = _amp_amsgd(func, *tensors, **amp, config=config, sync=sync, **hyper)
     _distributed.store_new_states(caller_buffers, momentum_buffer_list, caller_params)
     return betas
 
 
 _FUNCTIONAL_WARNED: set[str] = set()
-
-
-def _accepts_amp(kernel: Callable[..., Any]) -> bool:
-    """Whether a fused kernel takes ``grad_scale`` and ``found_inf`` itself."""
-    try:
-        names = inspect.signature(kernel).parameters
-    except (TypeError, ValueError):
-        return False
-    return "grad_scale" in names and "found_inf" in names
 
 
 def _amp_amsgd(
