@@ -191,19 +191,20 @@ def foreach_sqsum(tensors: Sequence[Tensor], acc: torch.dtype) -> list[Tensor]:
 
 
 def foreach_abssum(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """``[sum(|t|) for t in tensors]`` (the plain sum for non-negative tensors)."""
-    return _foreach_powsum(tensors, 1)
+    """``[sum(t) for t in tensors]`` for non-negative tensors (see :func:`foreach_sum`)."""
+    return foreach_sum(tensors)
 
 
 def foreach_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """``[sum(t) for t in tensors]`` for signed tensors, with multi-tensor kernels.
+    """``[sum(t) for t in tensors]``, one reduction kernel per tensor.
 
-    There is no ``_foreach_sum``; the sum is taken as (sum of the positive
-    parts) - (sum of the magnitudes of the negative parts).
+    There is no ``_foreach_sum``, and the multi-tensor stand-ins are slow on the CPU:
+    measured on 8 tensors of 1M float32 (1 thread), ``sum`` per tensor takes 0.65 ms,
+    ``_foreach_norm(ord=1)`` 4.1 ms and ``_foreach_powsum(order=1)`` 57 ms (against 0.94 ms
+    for ``order=2``); a signed sum through them also needs two clamped copies. One
+    ``sum`` per tensor costs a few microseconds of dispatch each and no temporaries.
     """
-    pos = _foreach_powsum(torch._foreach_clamp_min(tensors, 0.0), 1)
-    neg = _foreach_powsum(torch._foreach_clamp_max(tensors, 0.0), 1)
-    return list(torch._foreach_sub(pos, neg))
+    return [t.sum() for t in tensors]
 
 
 def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -> Any:
