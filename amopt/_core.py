@@ -24,6 +24,7 @@ from amopt._reduce import (
     acc_dtype,
     adam_sums,
     as_tuple,
+    cast,
     compute_dtype,
     momentum_sums,
     restore,
@@ -70,10 +71,6 @@ class _Bounds(NamedTuple):
 
 def _copy(xp: Any, a: Array) -> Array:
     return xp.asarray(a, copy=True)
-
-
-def _to(xp: Any, a: Array, dtype: Any) -> Array:
-    return a if a.dtype == dtype else xp.astype(a, dtype)
 
 
 # --------------------------------------------------------------------------- beta rules
@@ -136,7 +133,7 @@ def am_beta(
     xp = array_namespace(*gs, *ds)
     cfg = _Bounds(float(lam), float(beta_max))
     exact = f_decrease is not None
-    sums, _ = momentum_sums(xp, gs, ds, [tuple(range(len(gs)))], exact=exact)
+    sums = momentum_sums(xp, gs, ds, [tuple(range(len(gs)))], exact=exact)
     beta, _ = _rule.momentum_beta(xp, row(sums, 0), cfg, lr=lr, f_decrease=f_decrease)
     return beta
 
@@ -398,13 +395,13 @@ def am_momentum_step(
     gs = _couple(xp, gs, xs, weight_decay)
     ds = gs if first else state.d
     scope_list = scopes(len(xs), config.per_layer)
-    sums, vs = momentum_sums(xp, gs, ds, scope_list, exact=f_decrease is not None)
+    sums = momentum_sums(xp, gs, ds, scope_list, exact=f_decrease is not None)
     new_d: list[Array] = list(ds)
     betas = []
     for k, scope in enumerate(scope_list):
         beta, gamma = _rule.momentum_beta(xp, row(sums, k), config, lr=lr, f_decrease=f_decrease)
         for i in scope:
-            coef = _to(xp, gamma, gs[i].dtype)
+            coef = cast(xp, gamma, gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
             new_d[i] = gs[i] + coef * (ds[i] - gs[i])
         betas.append(beta)
@@ -434,11 +431,11 @@ def adam_init(params: Any) -> AdamState:
 
 def _widen(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
     """``arrays`` in the accumulation dtype of each array of ``like`` (half -> float32)."""
-    return tuple(_to(xp, a, compute_dtype(xp, b)) for a, b in zip(arrays, like, strict=True))
+    return tuple(cast(xp, a, compute_dtype(xp, b)) for a, b in zip(arrays, like, strict=True))
 
 
 def _narrow(xp: Any, arrays: tuple[Array, ...], like: tuple[Array, ...]) -> tuple[Array, ...]:
-    return tuple(_to(xp, a, b.dtype) for a, b in zip(arrays, like, strict=True))
+    return tuple(cast(xp, a, b.dtype) for a, b in zip(arrays, like, strict=True))
 
 
 def adam_step(
@@ -677,7 +674,7 @@ def am_adam_step(
         prod = state.beta1_prod[scope[0]]
         c = _rule.adam_correction(prod, config)
         for i in scope:
-            ps[i] = _to(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
+            ps[i] = cast(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
         prods.append(prod)
     weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, exact=exact)
     sums = adam_sums(xp, gs, ds, xs, ps, scope_list, lam=lam, weights=weights, exact=exact)
@@ -690,7 +687,7 @@ def am_adam_step(
         )
         for i in scope:
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]
-            b = _to(xp, beta, g.dtype)
+            b = cast(xp, beta, g.dtype)
             d = g + (b + lam * p) / (1.0 + lam * p) * (d - g)
             if weight_decay_mode == "proximal":
                 x = (x - lr * d / p) / (1.0 + lr * wd)

@@ -1,10 +1,9 @@
 """NumPy fast path of :func:`amopt.am_momentum_step` (AM-MGD / AM-MSGD).
 
 :func:`amopt._core.am_momentum_step` dispatches here when every array is a
-plain ``numpy.ndarray`` of one dtype (float32 or float64). The rule and every
-elementwise operation, in the same order, are those of the array-API
-implementation in :mod:`amopt._core`; what changes is how often memory is
-traversed and how many NumPy calls a step makes:
+plain float64 ``numpy.ndarray``. The rule and every elementwise operation, in the
+same order, are those of the array-API implementation in :mod:`amopt._core`; what
+changes is how often memory is traversed and how many NumPy calls a step makes:
 
 * arrays of at most ``BLOCK`` elements: ``v = d - g`` is formed once and
   reused by the inner products and the update, the new momentum
@@ -42,7 +41,7 @@ __all__ = ["BLOCK", "eligible", "am_momentum_step_numpy"]
 
 # float64 only: float32 scopes accumulate their sums in float64 (amopt._reduce.acc_dtype),
 # which the array-API path does with its own casts
-_FLOATS = (np.dtype(np.float64),)
+_FLOAT64 = np.dtype(np.float64)
 #: arrays larger than this are processed in blocks of this many elements
 BLOCK = 32768
 
@@ -50,19 +49,9 @@ _add = np.add.reduce
 
 
 def eligible(*groups: tuple[Any, ...]) -> bool:
-    """True when every array of every group is an ``ndarray`` of one float32/float64 dtype."""
-    dtype = None
-    for group in groups:
-        for a in group:
-            if type(a) is not np.ndarray:
-                return False
-            if dtype is None:
-                dtype = a.dtype
-                if dtype not in _FLOATS:
-                    return False
-            elif a.dtype != dtype:
-                return False
-    return dtype is not None
+    """True when every array of every group is a float64 ``ndarray`` (and there is one)."""
+    arrays = [a for group in groups for a in group]
+    return bool(arrays) and all(type(a) is np.ndarray and a.dtype == _FLOAT64 for a in arrays)
 
 
 # --------------------------------------------------------------------------- reduce
@@ -80,10 +69,9 @@ def _sums_small(g: np.ndarray, d: np.ndarray, exact: bool, with_vd: bool) -> tup
     if g.ndim != 1:
         g, d = g.reshape(-1), d.reshape(-1)
     v = np.subtract(d, g)
-    rows = 5 if exact else 3
-    prods = np.zeros((rows, g.size), dtype=g.dtype) if rows == 5 and not with_vd else None
-    if prods is None:
-        prods = np.empty((rows, g.size), dtype=g.dtype)
+    # without with_vd the row of <v,d> is never written: it must hold zeros
+    alloc = np.zeros if exact and not with_vd else np.empty
+    prods = alloc((5 if exact else 3, g.size), dtype=g.dtype)
     np.multiply(v, v, out=prods[0])
     np.multiply(g, g, out=prods[1])
     np.multiply(d, d, out=prods[2])

@@ -20,6 +20,7 @@ from amopt.backends import accumulation_dtype
 __all__ = [
     "Array",
     "acc_dtype",
+    "cast",
     "compute_dtype",
     "adam_sums",
     "as_tuple",
@@ -67,11 +68,15 @@ def acc_dtype(xp: Any, arrays: Sequence[Array]) -> Any:
 
 def compute_dtype(xp: Any, array: Array) -> Any:
     """The dtype elementwise updates are computed in: float32 for half precision."""
-    return accumulation_dtype(xp, array.dtype) if array.dtype != xp.float64 else xp.float64
+    return accumulation_dtype(xp, array.dtype)
 
 
-def _cast(xp: Any, a: Array, dtype: Any) -> Array:
-    return a if a.dtype == dtype else xp.astype(a, dtype)
+def cast(xp: Any, a: Array, dtype: Any) -> Array:
+    """``a`` in ``dtype`` (no copy when it already is); also for the plain ``torch`` module."""
+    if a.dtype == dtype:
+        return a
+    astype = getattr(xp, "astype", None)
+    return astype(a, dtype) if astype is not None else a.to(dtype)
 
 
 def _dot(xp: Any, a: Array, b: Array) -> Array:
@@ -98,29 +103,27 @@ def momentum_sums(
     scope_list: Sequence[tuple[int, ...]],
     *,
     exact: bool,
-) -> tuple[Array, list[Array]]:
+) -> Array:
     """AM-MGD / AM-MSGD sums ``<v,v>, <g,g>, <d,d>[, <v,g>, <v,d>]`` of each scope.
 
-    Returns ``(sums, vs)``: the stacked sums, shape ``(n_scopes, 5 if exact else 3)``,
-    and ``v = d - g`` of every array in the accumulation dtype (the apply stage reuses
-    it). Within a scope each sum starts from its first array's and adds the others'.
+    Returns the stacked sums, shape ``(n_scopes, 5 if exact else 3)``, with ``v = d - g``
+    formed in the accumulation dtype. Within a scope each sum starts from its first
+    array's and adds the others'.
     """
-    vs: list[Array] = [None] * len(gs)  # type: ignore[list-item]
     rows = []
     for scope in scope_list:
         acc = acc_dtype(xp, [gs[i] for i in scope])
         cols: list[Array] = []
         for i in scope:
-            g = _cast(xp, gs[i], acc)
-            d = _cast(xp, ds[i], acc)
+            g = cast(xp, gs[i], acc)
+            d = cast(xp, ds[i], acc)
             v = d - g
-            vs[i] = v
             part = [_dot(xp, v, v), _dot(xp, g, g), _dot(xp, d, d)]
             if exact:
                 part += [_dot(xp, v, g), _dot(xp, v, d)]
             cols = part if not cols else [a + b for a, b in zip(cols, part, strict=True)]
         rows.append(xp.stack(cols))
-    return _stack(xp, rows), vs
+    return _stack(xp, rows)
 
 
 def adam_sums(
@@ -147,7 +150,7 @@ def adam_sums(
         acc = acc_dtype(xp, [gs[i] for i in scope])
         num = den = ref = None
         for i in scope:
-            g, d, x, p = (_cast(xp, a[i], acc) for a in (gs, ds, xs, ps))
+            g, d, x, p = (cast(xp, a[i], acc) for a in (gs, ds, xs, ps))
             u = 1.0 / (1.0 + lam * p)
             w = u / p
             v = d - g

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from amopt._reduce import cast
+
 __all__ = [
     "ADAM_SUMS",
     "ADAM_TERMS",
@@ -59,13 +61,6 @@ ADAM_SUMS = ("num", "den", "ref")
 ADAM_TERMS = ("g*g/p", "u*(d-g)^2", "g*d/p", "g*x", "d*x")
 #: Elementwise terms of the exact AM-Adam numerator (the f values enter in the rule).
 ADAM_EXACT_TERMS = ("w*(d-g)*g", "u*(d-g)*d", "x*(d-g)")
-
-
-def _cast(xp: Any, a: Array, dtype: Any) -> Array:
-    if a.dtype == dtype:
-        return a
-    astype = getattr(xp, "astype", None)
-    return astype(a, dtype) if astype is not None else a.to(dtype)
 
 
 def guarded_ratio(xp: Any, num: Array, den: Array, ref: Array, beta_max: float) -> Array:
@@ -152,7 +147,7 @@ def momentum_beta(
     else:
         num = f_decrease * (1.0 + lam) / lr - (sums[..., 3] + lam * sums[..., 4])
         # a float64 f_decrease must not promote a float32 scope
-        num = _cast(xp, num, sums.dtype)
+        num = cast(xp, num, sums.dtype)
     beta = apply_variant(xp, guarded_ratio(xp, num, vv, dd + gg, cfg.beta_max), cfg)
     return beta, (beta + lam) / (1.0 + lam)
 
@@ -211,5 +206,5 @@ def adam_beta(
     num, den, ref = sums[..., 0], sums[..., 1], sums[..., 2]
     if f_decrease is not None:
         num = num + (1.0 + weight_decay * lr) * f_decrease / lr
-        num = _cast(xp, num, sums.dtype)
+        num = cast(xp, num, sums.dtype)
     return apply_variant(xp, guarded_ratio(xp, num, den, ref, cfg.beta_max), cfg)
