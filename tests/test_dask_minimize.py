@@ -9,7 +9,6 @@ under a deadline, so that a hang fails instead of blocking the suite.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -20,6 +19,8 @@ import pytest
 
 import amopt
 from amopt.problems import LeastSquares, LogisticRegression
+
+from _deadline import deadline
 
 dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
@@ -38,20 +39,6 @@ N, D, CHUNKS = 400, 8, 4
 # differently from NumPy's; on these problems (condition number ~10^3) the
 # iterates then agree to a few units in the last place of max|x|.
 ATOL = 1e-12
-
-
-@contextmanager
-def deadline(seconds: float, what: str):
-    def expire(signum, frame):
-        raise TimeoutError(f"{what} did not finish within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)

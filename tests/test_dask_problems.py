@@ -9,9 +9,7 @@ and run under a deadline.
 
 from __future__ import annotations
 
-import signal
 import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -20,26 +18,14 @@ import scipy.sparse as sp
 import amopt
 from amopt.problems import LeastSquares, LogisticRegression, NonconvexLogisticRegression
 
+from _deadline import deadline
+
 dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 
 from amopt._lazy import _design  # noqa: E402
 
 N, D, CHUNK = 300, 6, 75
-
-
-@contextmanager
-def deadline(seconds: float, what: str):
-    def expire(signum, frame):
-        raise TimeoutError(f"{what} did not finish within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)
