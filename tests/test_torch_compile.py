@@ -121,7 +121,13 @@ def test_inductor_compiled_step_matches_eager():
     expected = _train(eager_model, eager_opt, X, y, eager_opt.step)
     torch._dynamo.reset()
     counters.clear()
-    got = _train(model, opt, X, y, torch.compile(opt.step))
+    # a private inductor cache: kernels cached by an earlier run under another
+    # ATEN_CPU_CAPABILITY (CI reruns the tests as an AVX2-only CPU) were seen to be
+    # reused and give wrong iterates
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache():
+        got = _train(model, opt, X, y, torch.compile(opt.step))
     assert _own_graph_breaks() == {}
     assert counters["stats"]["unique_graphs"] == 1
     for xs, refs in zip(got, expected, strict=True):
