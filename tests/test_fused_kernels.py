@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 from amopt import _rule  # noqa: E402
 from amopt._config import AMConfig  # noqa: E402
-from amopt.torch import _fused  # noqa: E402
+from amopt.torch import AMSGD, AMAdamW, _fused  # noqa: E402
 from amopt.torch._amadamw import _fused_am_adamw  # noqa: E402
 
 if _fused.library() is None:
@@ -642,7 +642,7 @@ def test_sums_of_sharded_scopes_are_combined_between_reduce_and_rule(monkeypatch
     rule = _rule.adam_beta
 
     def spy(xp, sums, cfg, **kw):
-        seen.append(sums.clone())
+        seen.append(torch.as_tensor(np.array(sums)))  # NumPy, or torch for the collective
         return rule(xp, sums, cfg, **kw)
 
     monkeypatch.setattr(_rule, "adam_beta", spy)
@@ -656,3 +656,58 @@ def test_sums_of_sharded_scopes_are_combined_between_reduce_and_rule(monkeypatch
     torch.testing.assert_close(combined, 2 * local, rtol=0, atol=0)
     rows = (3, 3) if per_layer else (3,)
     assert sync.calls == [([rows], [[0, 1, 2]] if per_layer else None)]
+
+
+# --------------------------------------------------------------------------- float32 range
+
+
+def _scaled_betas(cls, scale, **kwargs):
+    """Betas of two float32 steps on gradients ``scale * g`` (the same g for every scale)."""
+    gen = torch.Generator().manual_seed(11)
+    params = [torch.randn(n, generator=gen) for n in (3000, 70)]
+    grads = [[torch.randn(p.shape, generator=gen) * scale for p in params] for _ in range(2)]
+    opt = cls([p.clone() for p in params], lr=1e-3, lam=0.0, fused=True, **kwargs)
+    for step in grads:
+        for p, g in zip(opt.param_groups[0]["params"], step, strict=True):
+            p.grad = g
+        opt.step()
+    return torch.stack([b for row in opt.latest_betas() for b in row]).double()
+
+
+# At lam = 0 (no weight decay) both rules are ratios of sums that scale alike with the
+# gradients (AMSGD <g,g>/<v,v>; AM-Adam with eps scaled too, every term ~ |g|), and a
+# power-of-two scale is exact in float: beta must not change. The float32 sums of a block
+# carry a relative error of at most about (AM_BLOCK / 4 lanes) * 2^-24 ~ 8e-6 for these
+# non-negative terms, and a ratio of two of them twice that: rtol 2e-5. Below 1e-19 the
+# squares are subnormal (flushed to 0: beta was 0), above 1e19 they overflow.
+@pytest.mark.parametrize("scale", [2.0**-80, 2.0**-70, 2.0**70, 2.0**80])
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_amsgd_fused_beta_does_not_depend_on_the_gradient_scale(scale, per_layer):
+    reference = _scaled_betas(AMSGD, 1.0, per_layer=per_layer)
+    assert bool((reference > 0).all())
+    torch.testing.assert_close(
+        _scaled_betas(AMSGD, scale, per_layer=per_layer), reference, rtol=2e-5, atol=0
+    )
+
+
+# AM-Adam's state v = (1 - beta2) g^2 is itself float32 (as in torch.optim.AdamW), so only
+# scales where v stays a normal float are meaningful: 2^-50 .. 2^60. Its beta sits at the
+# cap here (N / D is about 1 at lam = 0), so the sums the rule receives are compared:
+# every one of them is proportional to the scale.
+@pytest.mark.parametrize("scale", [2.0**-50, 2.0**60])
+def test_am_adamw_fused_sums_are_proportional_to_the_gradient_scale(monkeypatch, scale):
+    seen = []
+    rule = _rule.adam_beta
+
+    def spy(xp, sums, cfg, **kw):
+        seen.append(np.array(sums, dtype=np.float64))
+        return rule(xp, sums, cfg, **kw)
+
+    monkeypatch.setattr(_rule, "adam_beta", spy)
+    _scaled_betas(AMAdamW, 1.0, eps=1e-8, weight_decay=0.0)
+    reference, seen[:] = list(seen), []
+    _scaled_betas(AMAdamW, scale, eps=1e-8 * scale, weight_decay=0.0)
+    assert len(seen) == len(reference) > 0
+    for got, want in zip(seen, reference, strict=True):
+        assert np.all(np.isfinite(got)) and np.all(want > 0)
+        np.testing.assert_allclose(got / scale, want, rtol=2e-5, atol=0)

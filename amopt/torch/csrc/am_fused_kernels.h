@@ -6,10 +6,14 @@
  * single-tensor reference paths, with rewrites that trade divisions for
  * multiplications: p = c (eps + sqrt(v / bias2)) as sqrt(v) (c sqrt(1/bias2)) + c eps;
  * 1/p, u = 1/(1 + lam p) and (beta + lam p)/(1 + lam p) from the single reciprocal
- * w = 1 / (p (1 + lam p)); w (d^2 + g^2) for w d^2 + w g^2; fused multiply-adds where
- * the compiler finds them. Each block of AM_BLOCK elements is summed in the parameter
- * dtype (the numerator as its five weighted partial sums, combined in double) and the
- * block sums are added in double precision with compensation (am_add).
+ * w = 1 / (p (1 + lam p)); weighted squares as (w a) a, which stay about as large as
+ * |a| where a^2 would leave float's range; fused multiply-adds where the compiler finds
+ * them. Each block of AM_BLOCK elements is summed in the parameter dtype (the numerator
+ * as its five weighted partial sums, combined in double) and the block sums are added
+ * in double precision with compensation (am_add). A float block whose sums leave
+ * float's safe range (AM_UNSAFE: overflow, or subnormal terms, e.g. squares of
+ * gradients below about 1e-19) is summed again in double, so that beta does not depend
+ * on the scale of the gradients.
  *
  * The gradient enters every kernel as g * gmul, gmul = (maximize ? -1 : 1) / grad_scale,
  * exact for the power-of-two scales of torch.amp.GradScaler.
@@ -31,6 +35,17 @@
 
 /* ================================================================== AMSGD */
 
+/* The AMSGD reduce terms of element i, in dtype T: g (gmul, coupled decay), d (= g on
+   the first step), v = d - g, added to sv, sg, sd. */
+#define AM_SGD_TERMS(T, i, sv, sg, sd)                                                      \
+    T gi = (T)g[i] * (T)gmul;                                                                \
+    if (has_wd) gi = gi + (T)wd * (T)x[i];                                                   \
+    T di = first ? gi : (T)d[i];                                                             \
+    T dv = di - gi;                                                                          \
+    sv += dv * dv;                                                                           \
+    sg += gi * gi;                                                                           \
+    sd += di * di;
+
 /* reduce over [lo, hi): <v,v>, <g,g>, <d,d> with v = d - g (first: d = g). */
 AM_INLINE void AM_FN(sgd_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
                                        const TYPE *restrict g, const TYPE *restrict d,
@@ -41,14 +56,20 @@ AM_INLINE void AM_FN(sgd_reduce_range)(int64_t lo, int64_t hi, const TYPE *restr
         TYPE bv = 0, bg = 0, bd = 0;
 #pragma omp simd reduction(+ : bv, bg, bd)
         for (int64_t i = b0; i < b1; i++) {
-            TYPE gi = g[i] * gmul;
-            if (has_wd) gi = gi + wd * x[i];
-            TYPE di = first ? gi : d[i];
-            TYPE dv = di - gi;
-            bv += dv * dv;
-            bg += gi * gi;
-            bd += di * di;
+            AM_SGD_TERMS(TYPE, i, bv, bg, bd)
         }
+#if !AM_DOUBLE
+        if (AM_UNSAFE(bv + bg + bd, b0, b1, g, first ? NULL : d)) {
+            double wv = 0, wg = 0, wdd = 0;
+            for (int64_t i = b0; i < b1; i++) {
+                AM_SGD_TERMS(double, i, wv, wg, wdd)
+            }
+            am_add(&acc[0], wv);
+            am_add(&acc[1], wg);
+            am_add(&acc[2], wdd);
+            continue;
+        }
+#endif
         am_add(&acc[0], (double)bv);
         am_add(&acc[1], (double)bg);
         am_add(&acc[2], (double)bd);
@@ -174,11 +195,37 @@ static inline AM_FN(adam_k)
     return k;
 }
 
-/* reduce over [lo, hi): v update, then with w = 1/(p (1 + lam p)), 1/p = w (1 + lam p),
-   u = 1/(1 + lam p) = p w and e = w (d-g)^2 the five numerator sums
+#define AM_ADAM_GRAD(i, gi)                                                                  \
+    TYPE gi = g[i];                                                                          \
+    if (has_gmul) gi = gi * gmul;                                                            \
+    if (has_l2) gi = gi + l2 * x[i];
+
+/* The AM-Adam reduce terms of element i given the updated v (vn), products in dtype T
+   (p itself in the parameter dtype, as in the apply pass). With w = 1/(p (1 + lam p)),
+   1/p = w (1 + lam p), u = 1/(1 + lam p) = p w and e = w (d-g)^2, the numerator sums
      S0 = sum g^2/p, S1 = sum u (d-g)^2 = sum p e, S2 = sum g d/p, S3 = sum g x, S4 = sum d x
-   (S2..S4 only when one of their weights is nonzero), D = sum e and ref = sum w (d^2 + g^2).
-   Each block's N = sum_k a_k S_k is formed in double. */
+   (S2..S4 only when one of their weights is nonzero), D = sum e, R = sum w (d^2 + g^2). */
+#define AM_ADAM_TERMS(T, i, gi, vn, S0, S1, S2, S3, S4, SD, SR)                             \
+    TYPE p_ = SQRT(vn) * cs + ce;                                                            \
+    TYPE one_lp_ = (TYPE)1 + lam * p_;                                                       \
+    T p = (T)p_, one_lp = (T)one_lp_;                                                        \
+    T w = (T)1 / (p * one_lp);                                                               \
+    T g_ = (T)(gi), d_ = (T)d[i], dv = d_ - g_;                                              \
+    T ipg = (w * one_lp) * g_;                                                               \
+    T e = (w * dv) * dv;                                                                     \
+    S0 += ipg * g_;                                                                          \
+    S1 += p * e;                                                                             \
+    if (has_x) {                                                                             \
+        T xi = (T)x[i];                                                                      \
+        S2 += ipg * d_;                                                                      \
+        S3 += g_ * xi;                                                                       \
+        S4 += d_ * xi;                                                                       \
+    }                                                                                        \
+    SD += e;                                                                                 \
+    SR += (w * d_) * d_ + (w * g_) * g_;
+
+/* reduce over [lo, hi): the v update (in place), then per block the sums above; each
+   block's N = sum_k a_k S_k is formed in double. */
 AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
                                         const TYPE *restrict g, const TYPE *restrict d,
                                         TYPE *restrict v, const AM_FN(adam_k) *k,
@@ -192,29 +239,27 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
         TYPE s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, sd = 0, sr = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3, s4, sd, sr)
         for (int64_t i = b0; i < b1; i++) {
-            TYPE gi = g[i], di = d[i];
-            if (has_gmul) gi = gi * gmul;
-            if (has_l2) gi = gi + l2 * x[i];
-            TYPE gg = gi * gi;
-            TYPE vn = v[i] * beta2 + omb2 * gg;
+            AM_ADAM_GRAD(i, gi)
+            TYPE vn = v[i] * beta2 + omb2 * (gi * gi);
             v[i] = vn;
-            TYPE p = SQRT(vn) * cs + ce;
-            TYPE one_lp = (TYPE)1 + lam * p;
-            TYPE w = (TYPE)1 / (p * one_lp);
-            TYPE ip = w * one_lp;
-            TYPE dv = di - gi;
-            TYPE e = w * (dv * dv);
-            s0 += ip * gg;
-            s1 += p * e;
-            if (has_x) {
-                TYPE xi = x[i];
-                s2 += ip * (gi * di);
-                s3 += gi * xi;
-                s4 += di * xi;
-            }
-            sd += e;
-            sr += w * (di * di + gg);
+            AM_ADAM_TERMS(TYPE, i, gi, vn, s0, s1, s2, s3, s4, sd, sr)
         }
+#if !AM_DOUBLE
+        if (AM_UNSAFE(s0 + s1 + sd + sr, b0, b1, g, d)) {
+            double w0 = 0, w1 = 0, w2 = 0, w3 = 0, w4 = 0, wd = 0, wr = 0;
+            for (int64_t i = b0; i < b1; i++) { /* v is updated already */
+                AM_ADAM_GRAD(i, gi)
+                TYPE vn = v[i];
+                AM_ADAM_TERMS(double, i, gi, vn, w0, w1, w2, w3, w4, wd, wr)
+            }
+            double num = a[0] * w0 + a[1] * w1;
+            if (has_x) num += a[2] * w2 + a[3] * w3 + a[4] * w4;
+            am_add(&acc[0], num);
+            am_add(&acc[1], wd);
+            am_add(&acc[2], wr);
+            continue;
+        }
+#endif
         double num = a[0] * (double)s0 + a[1] * (double)s1;
         if (has_x) num += a[2] * (double)s2 + a[3] * (double)s3 + a[4] * (double)s4;
         am_add(&acc[0], num);
