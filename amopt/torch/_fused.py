@@ -90,7 +90,7 @@ __all__ = [
 ABI_VERSION = 2
 CSRC = Path(__file__).resolve().parent / "csrc"
 #: The kernel sources, hashed in this order (as ``setup.py`` does).
-SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h")
+SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h", "am_fused_variant.h")
 #: Name of the extension built at install time (``setup.py``).
 EXTENSION = "_am_fused"
 ISAS = ("base", "avx2", "avx512")
@@ -890,15 +890,8 @@ def fused_am_adamw(
         ``"l2"`` (AM-Adam) adds ``weight_decay * x`` to the gradient; the rule sees no decay.
     config : AMConfig
         ``lam``, ``beta_max`` (the cap of beta1), ``per_layer`` and the variant.
-    grad_scale : Tensor, optional
-        The gradients are ``grad_scale`` times the true ones; the kernels use
-        ``g / grad_scale``.
-    found_inf : Tensor, optional
-        Nonzero: skip the step, leaving parameters and state untouched.
-    sync : ScopeSync, optional
-        The plan of :func:`amopt.torch._distributed.localize` when the tensors are
-        local pieces of sharded scopes: their sums are added across ranks (one
-        collective for the step) between the reduce and the rule.
+    grad_scale, found_inf, sync
+        As in :func:`fused_amsgd`.
 
     Returns
     -------

@@ -15,7 +15,7 @@
  *   am_cpu_level, am_isa_built, am_openmp, am_abi_version, am_source_hash
  *
  * The three ISA variants come from one source compiled three times in this translation
- * unit under different target options (am_fused_kernels.h, included once per variant);
+ * unit under different target options (am_fused_variant.h, included once per variant);
  * the caller picks one at load time from am_cpu_level() (__builtin_cpu_supports), so a
  * library built on one machine runs on any x86-64 CPU.
  */
@@ -23,11 +23,7 @@
 #include "am_fused_common.h"
 
 #define AM_ISA base
-#define AM_DOUBLE 0
-#include "am_fused_kernels.h"
-#define AM_DOUBLE 1
-#include "am_fused_kernels.h"
-#undef AM_ISA
+#include "am_fused_variant.h"
 
 #if AM_X86_SIMD
 
@@ -37,17 +33,9 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #endif
+#define AM_TARGETED
 #define AM_ISA avx2
-#define AM_DOUBLE 0
-#include "am_fused_kernels.h"
-#define AM_DOUBLE 1
-#include "am_fused_kernels.h"
-#undef AM_ISA
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "am_fused_variant.h"
 
 #if defined(__clang__)
 #pragma clang attribute push(                                                               \
@@ -58,17 +46,9 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
 #endif
+#define AM_TARGETED
 #define AM_ISA avx512
-#define AM_DOUBLE 0
-#include "am_fused_kernels.h"
-#define AM_DOUBLE 1
-#include "am_fused_kernels.h"
-#undef AM_ISA
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "am_fused_variant.h"
 
 #endif /* AM_X86_SIMD */
 

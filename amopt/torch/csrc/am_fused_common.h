@@ -114,4 +114,37 @@ static inline int am_all_zero(int64_t lo, int64_t hi, const float *a, const floa
 #define AM_THREAD_ID_OMP(tid, T)
 #endif
 
+/* Runs the statements ... on every thread's range [lo, hi) of n elements, with acc the
+   thread's zeroed compensated sums, then adds the threads' sums in thread order into
+   out[0..nsums). */
+#define AM_PARALLEL_REDUCE(n, nt, nsums, out, ...)                                          \
+    do {                                                                                     \
+        int nthr_ = am_nthreads(n, nt), used_ = 1;                                           \
+        (void)nthr_; /* unused without OpenMP */                                             \
+        am_sum parts_[AM_MAX_SUMS * AM_MAX_THREADS];                                         \
+        _Pragma("omp parallel num_threads(nthr_) if (nthr_ > 1)") {                          \
+            AM_THREAD_ID(tid, T)                                                             \
+            if (tid == 0) used_ = T;                                                         \
+            int64_t lo, hi;                                                                  \
+            am_range(n, tid, T, &lo, &hi);                                                   \
+            am_sum *acc = &parts_[tid * AM_MAX_SUMS];                                        \
+            for (int j_ = 0; j_ < AM_MAX_SUMS; j_++) acc[j_].s = acc[j_].c = 0.0;            \
+            __VA_ARGS__                                                                      \
+        }                                                                                    \
+        am_combine(parts_, used_, nsums, out);                                               \
+    } while (0)
+
+/* Runs the statements ... on every thread's range [lo, hi) of n elements. */
+#define AM_PARALLEL_APPLY(n, nt, ...)                                                       \
+    do {                                                                                     \
+        int nthr_ = am_nthreads(n, nt);                                                      \
+        (void)nthr_;                                                                         \
+        _Pragma("omp parallel num_threads(nthr_) if (nthr_ > 1)") {                          \
+            AM_THREAD_ID(tid, T)                                                             \
+            int64_t lo, hi;                                                                  \
+            am_range(n, tid, T, &lo, &hi);                                                   \
+            __VA_ARGS__                                                                      \
+        }                                                                                    \
+    } while (0)
+
 #endif /* AM_FUSED_COMMON_H */

@@ -78,19 +78,9 @@ AM_INLINE void AM_FN(sgd_reduce_range)(int64_t lo, int64_t hi, const TYPE *restr
 
 static void AM_FN(sgd_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, const TYPE *d,
                                   TYPE gmul, TYPE wd, int first, int64_t nt, double *out) {
-    int nthr = am_nthreads(n, nt);
-    am_sum parts[AM_MAX_SUMS * AM_MAX_THREADS];
     const int has_wd = wd != (TYPE)0;
-    int used = 1;
-#pragma omp parallel num_threads(nthr) if (nthr > 1)
-    {
-        AM_THREAD_ID(tid, T)
-        if (tid == 0) used = T;
-        int64_t lo, hi;
-        am_range(n, tid, T, &lo, &hi);
-        am_sum *acc = &parts[tid * AM_MAX_SUMS];
-        for (int j = 0; j < AM_MAX_SUMS; j++) acc[j].s = acc[j].c = 0.0;
-        /* one specialised loop per combination of the flags */
+    /* one specialised loop per combination of the flags */
+    AM_PARALLEL_REDUCE(n, nt, 3, out, {
         if (first) {
             if (has_wd) AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 1, 1, acc);
             else AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 0, 1, acc);
@@ -98,8 +88,7 @@ static void AM_FN(sgd_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, const
             if (has_wd) AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 1, 0, acc);
             else AM_FN(sgd_reduce_range)(lo, hi, x, g, d, gmul, wd, 0, 0, acc);
         }
-    }
-    am_combine(parts, used, 3, out);
+    });
 }
 
 /* hp: gmul, wd, lr. first[j] != 0: d_j is not initialised yet (step 0, d = g).
@@ -137,13 +126,8 @@ AM_INLINE void AM_FN(sgd_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
 
 static void AM_FN(sgd_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, TYPE gamma,
                                  TYPE mlr, TYPE gmul, TYPE wd, int first, int64_t nt) {
-    int nthr = am_nthreads(n, nt);
     const int has_wd = wd != (TYPE)0;
-#pragma omp parallel num_threads(nthr) if (nthr > 1)
-    {
-        AM_THREAD_ID(tid, T)
-        int64_t lo, hi;
-        am_range(n, tid, T, &lo, &hi);
+    AM_PARALLEL_APPLY(n, nt, {
         if (first) {
             if (has_wd) AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 1, 1);
             else AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 0, 1);
@@ -151,7 +135,7 @@ static void AM_FN(sgd_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, TYP
             if (has_wd) AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 1, 0);
             else AM_FN(sgd_apply_range)(lo, hi, x, g, d, gamma, mlr, gmul, wd, 0, 0);
         }
-    }
+    });
 }
 
 /* gamma[j * gamma_stride] is the coefficient of tensor j (stride 0: one for all).
@@ -270,28 +254,17 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
 
 static void AM_FN(adam_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, const TYPE *d,
                                    TYPE *v, const AM_FN(adam_k) *k, int64_t nt, double *out) {
-    int nthr = am_nthreads(n, nt);
-    am_sum parts[AM_MAX_SUMS * AM_MAX_THREADS];
     const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
     const int has_x = k->a[2] != 0.0 || k->a[3] != 0.0 || k->a[4] != 0.0;
-    int used = 1;
-#pragma omp parallel num_threads(nthr) if (nthr > 1)
-    {
-        AM_THREAD_ID(tid, T)
-        if (tid == 0) used = T;
-        int64_t lo, hi;
-        am_range(n, tid, T, &lo, &hi);
-        am_sum *acc = &parts[tid * AM_MAX_SUMS];
-        for (int j = 0; j < AM_MAX_SUMS; j++) acc[j].s = acc[j].c = 0.0;
-        /* specialised loops for the common cases, one general loop for the rest */
+    /* specialised loops for the common cases, one general loop for the rest */
+    AM_PARALLEL_REDUCE(n, nt, 3, out, {
         if (has_gmul || has_l2)
             AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, has_l2, has_x, acc);
         else if (has_x)
             AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, 1, acc);
         else
             AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, 0, acc);
-    }
-    am_combine(parts, used, 3, out);
+    });
 }
 
 /* c[j * c_stride]: bias correction 1 - beta1_max prod of tensor j's scope; ib2[j]:
@@ -355,14 +328,9 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
 
 static void AM_FN(adam_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, const TYPE *v,
                                   const AM_FN(adam_k) *k, TYPE beta, int mode, int64_t nt) {
-    int nthr = am_nthreads(n, nt);
     const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
     const int has_wd = mode == 1 ? k->shrink != (TYPE)1 : k->decay != (TYPE)1;
-#pragma omp parallel num_threads(nthr) if (nthr > 1)
-    {
-        AM_THREAD_ID(tid, T)
-        int64_t lo, hi;
-        am_range(n, tid, T, &lo, &hi);
+    AM_PARALLEL_APPLY(n, nt, {
         if (has_gmul || has_l2) {
             AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, has_l2, mode, has_wd);
         } else if (mode == 1) {
@@ -372,7 +340,7 @@ static void AM_FN(adam_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, co
         } else {
             AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 0, 0);
         }
-    }
+    });
 }
 
 /* beta[j * beta_stride]: beta of tensor j's scope (stride 0: one for all); mode 0
