@@ -677,3 +677,26 @@ def test_gpu_bench_rows_say_no_gpu():
     results = run_rows(gpu_rows(), Settings(repeat=1, quick=True))
     assert [r.row.key for r in results] == ["gpu-gpt2", "gpu-1b"]
     assert all(r.status == "skipped" and r.skipped.startswith("no GPU") for r in results)
+
+
+# At lam = 0 AMSGD's beta is <g,g>/<v,v>: the same for gradients scaled by a power of two,
+# which float scales exactly, as long as the squares stay in range. The sums of the
+# reference run (scale 1) are float32 sums of positive terms over at most a few hundred
+# elements: relative error below 300 * 2^-24 ~ 2e-5 each, 4e-5 for their ratio.
+@pytest.mark.parametrize("scale", [2.0**-80, 2.0**80])
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_amsgd_float32_beta_does_not_depend_on_the_gradient_scale(scale, per_layer):
+    xs = _tensors(SHAPES, torch.float32, 40)
+    g1, g2 = _grad_sequence(SHAPES, 2, torch.float32, 41)
+
+    def betas(s):
+        run = TritonSGD(xs, per_layer=per_layer)
+        run.config = AMConfig.cached(lam=0.0, beta_max=0.9, numerator="linear",
+                                     per_layer=per_layer)  # fmt: skip
+        run.step([g * s for g in g1])
+        return torch.stack([b.double() for b in run.step([g * s for g in g2])])
+
+    reference = betas(1.0)
+    nonempty = [k for k, s in enumerate(SHAPES) if math.prod(s) > 0] if per_layer else [0]
+    assert bool((reference[nonempty] > 0).all())  # the empty tensor's scope: beta 0
+    torch.testing.assert_close(betas(scale), reference, rtol=4e-5, atol=0)

@@ -377,11 +377,13 @@ def _adam_reduce(
         u = 1.0 / (1.0 + lam * p)
         w = u / p
         dg = d - g
-        terms = a0 * (g * g / p) + a1 * (u * dg * dg)
+        # weighted squares as (w a) a: about |a| in size where a * a leaves float's range
+        gp = g / p
+        terms = a0 * (gp * g) + a1 * ((u * dg) * dg)
         if HAS_WD:
-            terms += a2 * (g * d / p) + a3 * (g * x) + a4 * (d * x)
-        wvv = w * dg * dg
-        wref = w * d * d + w * g * g
+            terms += a2 * (gp * d) + a3 * (g * x) + a4 * (d * x)
+        wvv = (w * dg) * dg
+        wref = (w * d) * d + (w * g) * g
         if MASKED:  # p may be 0 on the padding (eps = 0): keep its 0/0 out of the sums
             terms = tl.where(m, terms, 0.0)
             wvv = tl.where(m, wvv, 0.0)
@@ -588,20 +590,27 @@ def _host_to(t: Tensor, device: torch.device) -> Tensor:
 
 
 def _layout(
-    device: torch.device, per_layer: bool, sizes: tuple[tuple[torch.dtype, int], ...]
+    device: torch.device,
+    per_layer: bool,
+    sizes: tuple[tuple[torch.dtype, int], ...],
+    wide: bool = False,
 ) -> _Plan:
-    """Launches (one per dtype), block maps and the scopes' rows of partial sums."""
+    """Launches (one per dtype), block maps and the scopes' rows of partial sums.
+
+    ``wide``: the sums are formed and accumulated in float64 whatever the dtype.
+    """
+    acc_dtype = (lambda _: torch.float64) if wide else _acc_dtype
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, (dtype, _) in enumerate(sizes):
         by_dtype.setdefault(dtype, []).append(i)
     scope_of: list[tuple[int, int]] = [(0, 0)] * len(sizes)
     arrays: list[tuple[torch.dtype, int, Tensor, int]] = []
     launches: list[_Launch] = []
-    global_acc = _acc_dtype(by_dtype)
+    global_acc = acc_dtype(by_dtype)
     global_rows = 0
     for dtype, members in by_dtype.items():
         if per_layer:
-            array, acc, row0 = len(arrays), _acc_dtype([dtype]), 0
+            array, acc, row0 = len(arrays), acc_dtype([dtype]), 0
         else:
             array, acc, row0 = 0, global_acc, global_rows
         numels = torch.tensor([sizes[i][1] for i in members], dtype=torch.int64)
@@ -639,18 +648,19 @@ def _layout(
     return _Plan(launches=launches, arrays=arrays, scope_of=scope_of)
 
 
-def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool) -> _Plan:
+def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> _Plan:
     """The plan of a step over tensors ``i`` described by ``columns[k][i]`` for every ``k``.
 
     ``columns[0]`` are the parameters. The layout is cached by dtypes, sizes and
     chunk size; each launch's table of addresses by the addresses (gradients set
     to ``None`` between steps may come back elsewhere: only the table is rebuilt).
+    ``wide``: sums in float64 (:func:`_layout`).
     """
     params = columns[0]
     device = params[0].device
     sizes = tuple((p.dtype, p.numel()) for p in params)
-    key = (device, per_layer, CHUNK, sizes)
-    layout = _LAYOUTS.get(key) or _remember(_LAYOUTS, key, _layout(device, per_layer, sizes))
+    key = (device, per_layer, CHUNK, sizes, wide)
+    layout = _LAYOUTS.get(key) or _remember(_LAYOUTS, key, _layout(device, per_layer, sizes, wide))
     launches = []
     for launch in layout.launches:
         rows = [[col[i].data_ptr() for col in columns] for i in launch.members]
@@ -857,7 +867,12 @@ def triton_amsgd(
             fresh = fresh | _host_to(torch.tensor(new), device)
         fresh = fresh.to(torch.float64)
         bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
-        plan = _plan([params, grads, bufs], config.per_layer)
+        # the squares of float32 gradients leave float32's range long before the
+        # gradients do (|g| below about 1e-19 or above 1e19), and beta, a ratio of their
+        # sums, does not: three multiply-adds per element in float64, the rule on the
+        # float64 sums, its outputs rounded to the accumulation dtype
+        plan = _plan([params, grads, bufs], config.per_layer, wide=True)
+        out_dtype = _acc_dtype([p.dtype for p in params])
         dummy = fresh
         scale = grad_scale if grad_scale is not None else dummy
         inf = found_inf if found_inf is not None else dummy
@@ -886,7 +901,9 @@ def triton_amsgd(
             )
 
         sums = _reduce_and_sum(plan, device, launch_reduce, kernels, options)
-        rule = [_rule.momentum_beta(torch, s, config) for s in sums]
+        rule = [
+            tuple(r.to(out_dtype) for r in _rule.momentum_beta(torch, s, config)) for s in sums
+        ]
         for launch in plan.launches:
             gamma = rule[launch.array][1]
             ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
