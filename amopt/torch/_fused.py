@@ -69,7 +69,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from amopt import _rule
+from amopt import _rule, _tape
 from amopt._config import AMConfig
 from amopt.torch._common import as_real
 
@@ -87,7 +87,7 @@ __all__ = [
     "warn_fallback",
 ]
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 CSRC = Path(__file__).resolve().parent / "csrc"
 #: The kernel sources, hashed in this order (as ``setup.py`` does).
 SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h", "am_fused_variant.h")
@@ -418,13 +418,19 @@ class _Kernels:
             "sgd_apply": [i64, vp, vp, vp, vp, vp, vp, i64, vp, i64],
             "adam_reduce": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, vp],
             "adam_apply": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, vp, i64, i64],
-        }
+            "sgd_step": [i64, vp, vp, vp, vp, vp, vp, i64, vp, i64, i64, vp, i64, vp, vp, vp, vp],
+            "adam_step": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, i64, vp, i64, i64, vp,
+                          i64, vp, vp, vp],
+        }  # fmt: skip
         for kernel, argtypes in signatures.items():
             for suffix in ("f32", "f64"):
                 fn = getattr(lib, f"am_{kernel}_{suffix}_{self.isa}")
                 fn.argtypes = argtypes
                 fn.restype = ctypes.c_int
                 self.fn[f"{kernel}_{suffix}"] = fn
+        self.tape_eval = lib.am_tape_eval
+        self.tape_eval.argtypes = [vp, i64, vp, i64, i64, vp, i64, vp]
+        self.tape_eval.restype = ctypes.c_int
 
 
 def _requested_level() -> int:
@@ -702,6 +708,10 @@ def _scopes(numels: Sequence[int], per_layer: bool, bytes_per_element: int, sync
     return _chunks([bytes_per_element * k for k in numels], _chunk_bytes())
 
 
+def _chunk_array(ranges: list[tuple[int, int]]) -> np.ndarray:
+    return np.ascontiguousarray(np.array(ranges, dtype=np.int64).reshape(-1))
+
+
 def _collective(sync: Any) -> bool:
     return sync is not None and bool(sync.needs_collective)
 
@@ -759,6 +769,21 @@ class _Scopes:
 
     def at(self, a: int) -> int:
         return self.sums.data_ptr() + 24 * a
+
+    def tape(self, rule: Any, **kwargs: Any) -> tuple | None:
+        """The rule as a tape for the kernels' whole-step functions, or ``None``.
+
+        ``None`` (the passes are driven from here, the rule run by NumPy between them)
+        when the scopes' sums are added across ranks first, or when the rule in
+        :mod:`amopt._rule` cannot be recorded (:func:`amopt._tape.trace`).
+        """
+        if _collective(self.sync):
+            return None
+        return _tape.traced(rule, 3, **kwargs)
+
+    def outputs(self, n: int, k: int) -> list[np.ndarray]:
+        """``k`` arrays the whole-step kernels write the rule's outputs into."""
+        return [np.empty(n if self.per_layer else (), dtype=self.np_dtype) for _ in range(k)]
 
     def tensors(self, parts: list[np.ndarray], n: int) -> list[Tensor]:
         """One 0-d tensor per parameter: its scope's value (the same one for a global scope)."""
@@ -844,8 +869,23 @@ def fused_amsgd(
     per_layer = config.per_layer
     scopes = _Scopes(n, dtype, per_layer, sync)
     first_at, nt = ctypes.addressof(first), _threads()
+    ranges = _scopes(numels, per_layer, 3 * xs[0].element_size(), sync)
+    tape = scopes.tape(_rule.momentum_beta, cfg=config)
+    if tape is not None:  # reduce -> rule -> apply per chunk, all in the kernels
+        code, outs = tape
+        chunks = _chunk_array(ranges)
+        beta, gamma = scopes.outputs(n, 2)
+        status = kernels.fn[f"sgd_step_{suffix}"](
+            n, *arrays.at(0), first_at, hp, nt, chunks.ctypes.data, len(ranges),
+            int(per_layer), code.ctypes.data, len(code), outs.ctypes.data, scopes.at(0),
+            beta.ctypes.data, gamma.ctypes.data,
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError("the fused kernels refused the rule's tape")
+        torch.autograd.graph.increment_version([*params, *momentum_buffer_list, *state_steps])
+        return scopes.tensors([beta], n)
     parts = []
-    for a, b in _scopes(numels, per_layer, 3 * xs[0].element_size(), sync):
+    for a, b in ranges:
         numel, x, g, d = arrays.at(a)
         reduce_fn(b - a, numel, x, g, d, first_at + a, hp, nt, scopes.at(a))
         beta, gamma = scopes.rule(_rule.momentum_beta, a, b, cfg=config)
@@ -955,8 +995,22 @@ def fused_am_adamw(
     for a, b in _scopes(numels, per_layer, 4 * itemsize, sync):
         head = (b - a, *arrays.at(a), c.data_ptr() + itemsize * a * stride, stride, ib2_at + 8 * a)
         plan.append((head, scopes.at(a), a, b))
-    parts = []
-    for head, sums_at, a, b in plan:
+    tape = scopes.tape(_rule.adam_beta, cfg=config, lr=lr, weight_decay=wd)
+    if tape is not None:  # reduce -> rule -> apply per chunk, all in the kernels
+        code, outs = tape
+        chunks = _chunk_array([(a, b) for *_, a, b in plan])
+        (beta,) = scopes.outputs(n, 1)
+        status = kernels.fn[f"adam_step_{suffix}"](
+            n, *arrays.at(0), c.data_ptr(), stride, ib2_at, hp, mode, nt, chunks.ctypes.data,
+            len(plan), int(per_layer), code.ctypes.data, len(code), outs.ctypes.data,
+            scopes.at(0), beta.ctypes.data,
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError("the fused kernels refused the rule's tape")
+        parts = [beta]
+    else:
+        parts = []
+    for head, sums_at, a, b in plan if tape is None else ():
         reduce_fn(*head, hp, nt, sums_at)
         beta = scopes.rule(_rule.adam_beta, a, b, cfg=config, lr=lr, weight_decay=wd)
         apply_fn(*head, beta.ctypes.data, stride, hp, mode, nt)

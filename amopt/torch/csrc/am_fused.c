@@ -12,7 +12,9 @@
  *   am_adam_reduce_<T>_<ISA>   v = beta2 v + (1 - beta2) g^2 (in place) and the sums
  *                              [N, D, ref] of each tensor
  *   am_adam_apply_<T>_<ISA>    d = g + (beta + lam p) / (1 + lam p) (d - g), then x
- *   am_cpu_level, am_isa_built, am_openmp, am_abi_version, am_source_hash
+ *   am_sgd_step_<T>_<ISA>      reduce -> rule -> apply per chunk, the rule as a tape of
+ *   am_adam_step_<T>_<ISA>     amopt/_tape.py (chunks still in cache when applied)
+ *   am_tape_eval, am_cpu_level, am_isa_built, am_openmp, am_abi_version, am_source_hash
  *
  * The three ISA variants come from one source compiled three times in this translation
  * unit under different target options (am_fused_variant.h, included once per variant);
@@ -51,6 +53,21 @@
 #include "am_fused_variant.h"
 
 #endif /* AM_X86_SIMD */
+
+/* ------------------------------------------------------------------ rule tapes */
+
+/* Runs a rule tape on `rows` scopes of n_in sums each; out[row * nouts + o] is output o
+   (register outs[o]). The kernels' own evaluation, exported for the tests. */
+AM_EXPORT int am_tape_eval(const am_insn *code, int64_t ncode, const double *in, int64_t rows,
+                           int64_t n_in, const int64_t *outs, int64_t nouts, double *out) {
+    double r[AM_MAX_TAPE];
+    if (am_check_tape(code, ncode, outs, nouts)) return -1;
+    for (int64_t j = 0; j < rows; j++) {
+        if (am_run_tape(code, ncode, in + j * n_in, n_in, r)) return -1;
+        for (int64_t o = 0; o < nouts; o++) out[j * nouts + o] = r[outs[o]];
+    }
+    return 0;
+}
 
 /* ------------------------------------------------------------------ queries */
 

@@ -9,7 +9,7 @@
 #include <omp.h>
 #endif
 
-#define AM_ABI_VERSION 2
+#define AM_ABI_VERSION 3
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AM_X86_SIMD 1
@@ -146,5 +146,83 @@ static inline int am_all_zero(int64_t lo, int64_t hi, const float *a, const floa
             __VA_ARGS__                                                                      \
         }                                                                                    \
     } while (0)
+
+/* ------------------------------------------------------------------ rule tapes */
+
+/* A beta rule of amopt/_rule.py recorded by amopt/_tape.py: instruction i sets register
+   i from registers a, b, c (or input a, or the constant k). The operation codes are
+   amopt._tape.OPS, in order. Every operation rounds once, in double, as NumPy does when
+   it runs the rule on float64 sums; the kernels hold no rule of their own. */
+typedef struct {
+    int32_t op, a, b, c;
+    double k;
+} am_insn;
+
+enum {
+    AM_OP_IN, AM_OP_CONST, AM_OP_ADD, AM_OP_SUB, AM_OP_MUL, AM_OP_DIV, AM_OP_LE, AM_OP_GE,
+    AM_OP_LT, AM_OP_GT, AM_OP_EQ, AM_OP_NE, AM_OP_WHERE, AM_OP_ISNAN, AM_OP_MAXIMUM,
+    AM_OP_MINIMUM, AM_OP_NEG
+};
+
+#define AM_MAX_TAPE 256
+
+/* NumPy's maximum / minimum: a NaN operand gives NaN. */
+static inline double am_maximum(double a, double b) {
+    return a != a ? a : (b != b ? b : (a >= b ? a : b));
+}
+static inline double am_minimum(double a, double b) {
+    return a != a ? a : (b != b ? b : (a <= b ? a : b));
+}
+
+/* Runs the tape on one scope's sums `in`; the registers end in r. Returns 0, or -1 for
+   a malformed tape (an unknown operation or a register not yet set). */
+static int am_run_tape(const am_insn *code, int64_t n, const double *in, int64_t n_in,
+                       double *r) {
+    if (n < 0 || n > AM_MAX_TAPE) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        const am_insn q = code[i];
+        if (q.op == AM_OP_IN) {
+            if (q.a < 0 || q.a >= n_in) return -1;
+            r[i] = in[q.a];
+            continue;
+        }
+        if (q.op == AM_OP_CONST) {
+            r[i] = q.k;
+            continue;
+        }
+        if (q.a < 0 || q.a >= i || q.b < 0 || q.b >= i || q.c < 0 || q.c >= i) return -1;
+        const double a = r[q.a], b = r[q.b];
+        switch (q.op) {
+        case AM_OP_ADD: r[i] = a + b; break;
+        case AM_OP_SUB: r[i] = a - b; break;
+        case AM_OP_MUL: r[i] = a * b; break;
+        case AM_OP_DIV: r[i] = a / b; break;
+        case AM_OP_LE: r[i] = a <= b; break;
+        case AM_OP_GE: r[i] = a >= b; break;
+        case AM_OP_LT: r[i] = a < b; break;
+        case AM_OP_GT: r[i] = a > b; break;
+        case AM_OP_EQ: r[i] = a == b; break;
+        case AM_OP_NE: r[i] = a != b; break;
+        case AM_OP_WHERE: r[i] = a != 0.0 ? b : r[q.c]; break;
+        case AM_OP_ISNAN: r[i] = a != a; break;
+        case AM_OP_MAXIMUM: r[i] = am_maximum(a, b); break;
+        case AM_OP_MINIMUM: r[i] = am_minimum(a, b); break;
+        case AM_OP_NEG: r[i] = -a; break;
+        default: return -1;
+        }
+    }
+    return 0;
+}
+
+/* 0 when the tape runs and its outputs are registers of it (checked before a step
+   touches any tensor), else -1. */
+static inline int am_check_tape(const am_insn *code, int64_t ncode, const int64_t *outs,
+                                int64_t nouts) {
+    double zero[3] = {0.0, 0.0, 0.0}, r[AM_MAX_TAPE];
+    if (am_run_tape(code, ncode, zero, 3, r)) return -1;
+    for (int64_t o = 0; o < nouts; o++)
+        if (outs[o] < 0 || outs[o] >= ncode) return -1;
+    return 0;
+}
 
 #endif /* AM_FUSED_COMMON_H */

@@ -359,6 +359,74 @@ AM_EXPORT int AM_FN(adam_apply)(int64_t count, const int64_t *numel, void *const
     return 0;
 }
 
+/* ================================================================== whole steps */
+
+/* A whole step over the chunks [chunks[2q], chunks[2q+1]) of tensors: reduce a chunk,
+   run the rule's tape (amopt/_tape.py) on each scope's sums, apply the chunk while it is
+   still in cache. per_layer: one scope per tensor; else one chunk of every tensor and
+   one scope, the sum of their rows. outs: the registers of beta (and gamma). The outputs
+   are rounded to the parameter dtype. Returns 0, or -1 for a malformed tape. */
+static int AM_FN(scope_rule)(const am_insn *code, int64_t ncode, const int64_t *outs,
+                             int64_t nouts, const double *sums, int64_t a, int64_t b,
+                             int64_t per_layer, TYPE *const *dst) {
+    double r[AM_MAX_TAPE];
+    if (!per_layer) {
+        double total[3] = {0.0, 0.0, 0.0};
+        for (int64_t j = a; j < b; j++)
+            for (int k = 0; k < 3; k++) total[k] += sums[3 * j + k];
+        if (am_run_tape(code, ncode, total, 3, r)) return -1;
+        for (int64_t o = 0; o < nouts; o++) dst[o][0] = (TYPE)r[outs[o]];
+        return 0;
+    }
+    for (int64_t j = a; j < b; j++) {
+        if (am_run_tape(code, ncode, sums + 3 * j, 3, r)) return -1;
+        for (int64_t o = 0; o < nouts; o++) dst[o][j] = (TYPE)r[outs[o]];
+    }
+    return 0;
+}
+
+AM_EXPORT int AM_FN(sgd_step)(int64_t count, const int64_t *numel, void *const *xs,
+                              void *const *gs, void *const *ds, const uint8_t *first,
+                              const double *hp, int64_t nthreads, const int64_t *chunks,
+                              int64_t nchunks, int64_t per_layer, const am_insn *code,
+                              int64_t ncode, const int64_t *outs, double *sums, TYPE *betas,
+                              TYPE *gammas) {
+    TYPE *dst[2] = {betas, gammas};
+    (void)count;
+    if (am_check_tape(code, ncode, outs, 2)) return -1;
+    for (int64_t q = 0; q < nchunks; q++) {
+        int64_t a = chunks[2 * q], b = chunks[2 * q + 1];
+        AM_FN(sgd_reduce)(b - a, numel + a, xs + a, gs + a, ds + a, first + a, hp, nthreads,
+                          sums + 3 * a);
+        if (AM_FN(scope_rule)(code, ncode, outs, 2, sums, a, b, per_layer, dst)) return -1;
+        AM_FN(sgd_apply)(b - a, numel + a, xs + a, gs + a, ds + a, first + a,
+                         per_layer ? gammas + a : gammas, per_layer, hp, nthreads);
+    }
+    return 0;
+}
+
+AM_EXPORT int AM_FN(adam_step)(int64_t count, const int64_t *numel, void *const *xs,
+                               void *const *gs, void *const *ds, void *const *vs,
+                               const TYPE *c, int64_t c_stride, const double *ib2,
+                               const double *hp, int64_t mode, int64_t nthreads,
+                               const int64_t *chunks, int64_t nchunks, int64_t per_layer,
+                               const am_insn *code, int64_t ncode, const int64_t *outs,
+                               double *sums, TYPE *betas) {
+    TYPE *dst[1] = {betas};
+    (void)count;
+    if (am_check_tape(code, ncode, outs, 1)) return -1;
+    for (int64_t q = 0; q < nchunks; q++) {
+        int64_t a = chunks[2 * q], b = chunks[2 * q + 1];
+        AM_FN(adam_reduce)(b - a, numel + a, xs + a, gs + a, ds + a, vs + a,
+                           c + a * c_stride, c_stride, ib2 + a, hp, nthreads, sums + 3 * a);
+        if (AM_FN(scope_rule)(code, ncode, outs, 1, sums, a, b, per_layer, dst)) return -1;
+        AM_FN(adam_apply)(b - a, numel + a, xs + a, gs + a, ds + a, vs + a, c + a * c_stride,
+                          c_stride, ib2 + a, per_layer ? betas + a : betas, per_layer, hp, mode,
+                          nthreads);
+    }
+    return 0;
+}
+
 #undef AM_FN
 #undef AM_FN2
 #undef AM_FN_

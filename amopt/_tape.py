@@ -1,0 +1,248 @@
+r"""A rule of :mod:`amopt._rule` recorded as a tape of scalar operations.
+
+The rules are branch-free array-API functions, so running one on a recording
+namespace (:func:`trace`) gives the exact sequence of elementwise operations it
+performs on one scope's sums. A kernel that cannot call back into Python between its
+reduce and apply passes (the fused CPU kernels, which interleave the two per chunk of
+tensors while the chunk is still in cache) evaluates that tape per scope instead. The
+math still exists once: the tape is recorded from the rule that is in
+:mod:`amopt._rule` when the step runs, and holds only IEEE operations (``+ - * /``,
+comparisons, ``where``, ``isnan``, ``maximum``, ``minimum``), evaluated in float64 one
+rounding each, as NumPy evaluates the rule on float64 sums.
+
+A rule that does anything else (a Python ``if`` on a value, an operation not recorded
+here, any exception) cannot be traced: :func:`trace` returns ``None`` and the caller
+runs the rule itself (where a genuine error then surfaces).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["INSN", "OPS", "Tape", "trace", "traced"]
+
+#: Operation codes (``amopt/torch/csrc/am_fused_common.h`` has the same table).
+OPS = (
+    "in", "const", "add", "sub", "mul", "div", "le", "ge", "lt", "gt", "eq", "ne",
+    "where", "isnan", "maximum", "minimum", "neg",
+)  # fmt: skip
+_CODE = {name: k for k, name in enumerate(OPS)}
+#: One instruction: ``r[i] = op(r[a], r[b], r[c])`` (``in``: input ``a``; ``const``: k).
+INSN = np.dtype([("op", "<i4"), ("a", "<i4"), ("b", "<i4"), ("c", "<i4"), ("k", "<f8")])
+#: The most instructions a kernel evaluates (its register file).
+MAX_LENGTH = 256
+
+
+class _Untraceable(Exception):
+    """The rule did something the tape cannot record."""
+
+
+class Tape:
+    """Instructions in SSA form (register ``i`` is the result of instruction ``i``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int, int, float]] = []
+        self._consts: dict[float, int] = {}
+        self.outputs: tuple[int, ...] = ()
+
+    def emit(self, op: str, a: int = 0, b: int = 0, c: int = 0, k: float = 0.0) -> _Value:
+        self.rows.append((_CODE[op], a, b, c, k))
+        return _Value(self, len(self.rows) - 1)
+
+    def reg(self, x: Any) -> int:
+        """The register holding ``x``: a traced value or a Python / NumPy real number."""
+        if isinstance(x, _Value):
+            if x.tape is not self:
+                raise _Untraceable("a value of another tape")
+            return x.index
+        if isinstance(x, (bool, np.bool_)):
+            x = float(x)
+        if isinstance(x, (int, float, np.integer, np.floating)):
+            k = float(x)
+            key = k if k == k else "nan"
+            if key not in self._consts:
+                self._consts[key] = self.emit("const", k=k).index
+            return self._consts[key]
+        raise _Untraceable(f"cannot record an operand of type {type(x).__name__}")
+
+    def array(self) -> np.ndarray:
+        return np.array(self.rows, dtype=INSN)
+
+
+class _Value:
+    """A traced float64 scalar."""
+
+    __slots__ = ("tape", "index")
+    dtype = np.dtype(np.float64)
+    shape: tuple[int, ...] = ()
+    ndim = 0
+
+    def __init__(self, tape: Tape, index: int) -> None:
+        self.tape, self.index = tape, index
+
+    def _binary(self, op: str, other: Any, swap: bool = False) -> _Value:
+        a, b = self.index, self.tape.reg(other)
+        return self.tape.emit(op, *((b, a) if swap else (a, b)))
+
+    def __add__(self, o: Any) -> _Value:
+        return self._binary("add", o)
+
+    def __radd__(self, o: Any) -> _Value:
+        return self._binary("add", o, swap=True)
+
+    def __sub__(self, o: Any) -> _Value:
+        return self._binary("sub", o)
+
+    def __rsub__(self, o: Any) -> _Value:
+        return self._binary("sub", o, swap=True)
+
+    def __mul__(self, o: Any) -> _Value:
+        return self._binary("mul", o)
+
+    def __rmul__(self, o: Any) -> _Value:
+        return self._binary("mul", o, swap=True)
+
+    def __truediv__(self, o: Any) -> _Value:
+        return self._binary("div", o)
+
+    def __rtruediv__(self, o: Any) -> _Value:
+        return self._binary("div", o, swap=True)
+
+    def __neg__(self) -> _Value:
+        return self.tape.emit("neg", self.index)
+
+    def __pos__(self) -> _Value:
+        return self
+
+    def __le__(self, o: Any) -> _Value:
+        return self._binary("le", o)
+
+    def __ge__(self, o: Any) -> _Value:
+        return self._binary("ge", o)
+
+    def __lt__(self, o: Any) -> _Value:
+        return self._binary("lt", o)
+
+    def __gt__(self, o: Any) -> _Value:
+        return self._binary("gt", o)
+
+    def __eq__(self, o: Any) -> _Value:  # type: ignore[override]
+        return self._binary("eq", o)
+
+    def __ne__(self, o: Any) -> _Value:  # type: ignore[override]
+        return self._binary("ne", o)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        raise _Untraceable("the truth value of a traced value (a Python branch on data)")
+
+    def __float__(self) -> float:
+        raise _Untraceable("a traced value converted to a Python number")
+
+
+class _Sums:
+    """The rule's input: ``sums[..., k]`` is sum ``k`` of the scope."""
+
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, tape: Tape, n: int) -> None:
+        self.tape, self.n = tape, n
+        self.shape = (n,)
+
+    def __getitem__(self, key: Any) -> _Value:
+        if not (isinstance(key, tuple) and len(key) == 2 and key[0] is Ellipsis):
+            raise _Untraceable(f"sums indexed with {key!r}")
+        k = int(key[1])
+        if not -self.n <= k < self.n:
+            raise _Untraceable(f"sum {k} of {self.n}")
+        return self.tape.emit("in", k % self.n)
+
+
+class _Namespace:
+    """The part of the array API the rules use, recording instead of computing."""
+
+    float64 = np.float64
+    finfo = staticmethod(np.finfo)
+
+    def __init__(self, tape: Tape) -> None:
+        self.tape = tape
+
+    def _r(self, x: Any) -> int:
+        return self.tape.reg(x)
+
+    def where(self, cond: Any, a: Any, b: Any) -> _Value:
+        return self.tape.emit("where", self._r(cond), self._r(a), self._r(b))
+
+    def isnan(self, a: Any) -> _Value:
+        return self.tape.emit("isnan", self._r(a))
+
+    def maximum(self, a: Any, b: Any) -> _Value:
+        return self.tape.emit("maximum", self._r(a), self._r(b))
+
+    def minimum(self, a: Any, b: Any) -> _Value:
+        return self.tape.emit("minimum", self._r(a), self._r(b))
+
+    def clip(self, a: Any, lo: Any = None, hi: Any = None) -> Any:
+        out = a
+        if lo is not None:
+            out = self.maximum(out, lo)
+        if hi is not None:
+            out = self.minimum(out, hi)
+        return out
+
+    def zeros_like(self, a: Any) -> _Value:
+        return _Value(self.tape, self.tape.reg(0.0))
+
+    def ones_like(self, a: Any) -> _Value:
+        return _Value(self.tape, self.tape.reg(1.0))
+
+    def full_like(self, a: Any, value: Any) -> _Value:
+        return _Value(self.tape, self.tape.reg(value))
+
+    def astype(self, a: Any, dtype: Any) -> Any:
+        if np.dtype(dtype) != np.float64:
+            raise _Untraceable(f"a cast to {dtype}")
+        return a
+
+
+def trace(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Tape | None:
+    """``rule(xp, sums, **kwargs)`` recorded for one scope of ``n_sums`` float64 sums.
+
+    Returns the tape with ``outputs`` (one register per output of the rule), or
+    ``None`` when the rule cannot be recorded or needs more than :data:`MAX_LENGTH`
+    instructions.
+    """
+    tape = Tape()
+    try:
+        out = rule(_Namespace(tape), _Sums(tape, n_sums), **kwargs)
+        outs = out if isinstance(out, tuple) else (out,)
+        tape.outputs = tuple(tape.reg(o) for o in outs)
+    except Exception:  # noqa: BLE001 - not recordable: the caller runs the rule itself,
+        return None  # where a genuine error surfaces
+    if len(tape.rows) > MAX_LENGTH:
+        return None
+    return tape
+
+
+@functools.lru_cache(maxsize=64)
+def _cached(rule: Callable[..., Any], n_sums: int, items: tuple) -> tuple | None:
+    tape = trace(rule, n_sums, **dict(items))
+    if tape is None:
+        return None
+    return tape.array(), np.array(tape.outputs, dtype=np.int64)
+
+
+def traced(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> tuple | None:
+    """:func:`trace`, cached by the rule and its arguments: ``(code, outputs)`` arrays."""
+    try:
+        items = tuple(sorted(kwargs.items()))
+        hash(items)
+    except TypeError:
+        tape = trace(rule, n_sums, **kwargs)
+        return None if tape is None else (tape.array(), np.array(tape.outputs, dtype=np.int64))
+    return _cached(rule, n_sums, items)
