@@ -450,15 +450,6 @@ def _same_kind(old: Any, new: Tensor) -> bool:
     )
 
 
-def _store(state: dict[str, Any], key: str, value: Tensor) -> None:
-    old = state.get(key)
-    if _same_kind(old, value):
-        if old is not value:
-            old.copy_(value)
-    else:
-        state[key] = value
-
-
 class AMOptimizerBase(Optimizer):
     """Telemetry, state-dict handling and the choice of implementation of the AM optimizers.
 
@@ -546,9 +537,18 @@ class AMOptimizerBase(Optimizer):
         ``skip``, a step skipped for an inf gradient keeps the previous values.
         """
         if group["per_layer"]:
+            olds, news = [], []
             for p, value in zip(params, values, strict=True):
                 state = self.state[p]
-                _store(state, key, skip.blend(state.get(key), value) if skip else value)
+                old = state.get(key)
+                value = skip.blend(old, value) if skip else value
+                if not _same_kind(old, value):
+                    state[key] = value
+                elif old is not value:
+                    olds.append(old)
+                    news.append(value)
+            if olds:  # one multi-tensor copy rather than a copy_ call per parameter
+                torch._foreach_copy_(olds, news)
             return
         members = [self.state[p] for p in group["params"] if self.state.get(p)]
         existing: dict[int, Tensor] = {}
