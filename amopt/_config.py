@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import numbers
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from amopt._rule import NUMERATORS, VARIANTS, WEIGHT_DECAY_MODES
 
@@ -26,7 +28,11 @@ __all__ = [
     "check_nonnegative",
     "check_positive",
     "check_weight_decay_mode",
+    "rule_keywords",
+    "config_of_call",
 ]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _real(name: str, value: Any) -> float:
@@ -187,3 +193,51 @@ class AMConfig:
 @functools.lru_cache(maxsize=256)
 def _cached(cls: type[AMConfig], key: tuple) -> AMConfig:
     return cls(**{k: v for k, _, v in key})
+
+
+def rule_keywords(*, omit: tuple[str, ...] = (), **defaults: Any) -> Callable[[_F], _F]:
+    """Give ``fn(..., config=None, **rule)`` the options of the AM rule as keyword arguments.
+
+    For the functions that take the rule's options one by one as well as a built
+    ``config``: their signature (what ``help`` and :mod:`inspect` show) lists the
+    fields of :class:`AMConfig` but ``omit``, with AMConfig's defaults or those given
+    here, before ``config``; :func:`config_of_call` builds the configuration of a
+    call. The options and their defaults are thus written once, in :class:`AMConfig`.
+    """
+    fields = [f for f in dataclasses.fields(AMConfig) if f.name not in omit]
+    values = {f.name: defaults.pop(f.name, f.default) for f in fields}
+    if defaults:
+        raise TypeError(f"not options of the AM rule: {', '.join(defaults)}")
+
+    def decorate(fn: _F) -> _F:
+        sig = inspect.signature(fn)
+        *head, config, _ = sig.parameters.values()
+        kind = inspect.Parameter.KEYWORD_ONLY
+        keywords = [
+            inspect.Parameter(f.name, kind, default=values[f.name], annotation=f.type)
+            for f in fields
+        ]
+        fn.__signature__ = sig.replace(parameters=[*head, *keywords, config])  # type: ignore[attr-defined]
+        fn._rule_defaults = values  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def config_of_call(
+    fn: Callable[..., Any], config: AMConfig | None, rule: dict[str, Any], **derived: Any
+) -> AMConfig:
+    """The configuration of a call of ``fn`` (made with :func:`rule_keywords`).
+
+    ``config`` when given (it replaces the options), else the one of the options
+    ``rule`` given to the call, the others at their defaults, and ``derived`` (those
+    that come from other arguments, e.g. ``beta_max`` from ``betas``). A name that is
+    not an option of ``fn`` is the ``TypeError`` Python raises for an unknown keyword.
+    """
+    defaults = fn._rule_defaults  # type: ignore[attr-defined]
+    for name in rule:
+        if name not in defaults:
+            raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {name!r}")
+    if config is not None:
+        return config
+    return AMConfig.cached(**{**defaults, **rule, **derived})

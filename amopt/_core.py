@@ -18,7 +18,7 @@ import math
 from typing import Any, NamedTuple
 
 from amopt import _numpy_fast, _rule
-from amopt._config import AMConfig
+from amopt._config import AMConfig, config_of_call, rule_keywords
 from amopt._reduce import (
     Array,
     acc_dtype,
@@ -295,24 +295,17 @@ def _f_decrease(numerator: str, f: Any, f_prev: Any) -> Any:
     return f_prev - f
 
 
+@rule_keywords()
 def am_momentum_step(
     params: Any,
     grads: Any,
     state: AMState,
     *,
     lr: float,
-    lam: float = 0.0,
-    beta_max: float = 1.0,
-    numerator: str = "exact",
     f: Any = None,
     weight_decay: float = 0.0,
-    per_layer: bool = False,
-    variant: str | None = None,
-    beta_min: float = 0.5,
-    theta: float = 0.7,
-    beta_high: float = 0.9,
-    beta_low: float = 0.1,
     config: AMConfig | None = None,
+    **rule: Any,
 ) -> tuple[Any, AMState, Any]:
     r"""One step of AM-MGD (exact numerator) or AM-MSGD (linearised numerator).
 
@@ -370,8 +363,7 @@ def am_momentum_step(
     >>> float(beta), x.tolist()
     (0.25, [-0.375, -0.125])
     """
-    if config is None:
-        config = AMConfig.from_options(locals())
+    config = config_of_call(am_momentum_step, config, rule)
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     f_decrease = _f_decrease(config.numerator, f, state.f_prev)
@@ -581,6 +573,7 @@ def am_adam_beta(
     )
 
 
+@rule_keywords(omit=("beta_max",), lam=0.1, numerator="linear", per_layer=True)
 def am_adam_step(
     params: Any,
     grads: Any,
@@ -591,16 +584,9 @@ def am_adam_step(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     weight_decay_mode: str = "decoupled",
-    lam: float = 0.1,
-    numerator: str = "linear",
     f: Any = None,
-    per_layer: bool = True,
-    variant: str | None = None,
-    beta_min: float = 0.5,
-    theta: float = 0.7,
-    beta_high: float = 0.9,
-    beta_low: float = 0.1,
     config: AMConfig | None = None,
+    **rule: Any,
 ) -> tuple[Any, AMAdamState, Any]:
     r"""One step of AM-AdamW (decoupled or proximal weight decay); AM-Adam with ``weight_decay=0``.
 
@@ -651,8 +637,7 @@ def am_adam_step(
     >>> float(beta)
     0.9
     """
-    if config is None:
-        config = AMConfig.from_options(locals(), beta_max=betas[0])
+    config = config_of_call(am_adam_step, config, rule, beta_max=betas[0])
     xs0, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     xp = array_namespace(*xs0, *gs)

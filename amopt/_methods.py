@@ -1,12 +1,24 @@
 """The methods of ``amopt.minimize``: one ``_minimize_<method>`` per method.
 
 As in scipy, a method's options are the keyword arguments of its
-``_minimize_<method>`` function, documented in its "Options" section.
+``_minimize_<method>`` function, documented in its "Options" section; unknown
+options give an ``OptimizeWarning``, and the result is an ``OptimizeResult``.
+
+Each ``_minimize_<method>`` is made by :func:`_method` from the method's
+declaration: its step factory (below: it validates the options and returns the core
+step), its options with their defaults and its docstring. What methods share is
+written once: the defaults of the loop's and the sampler's options in the groups
+below, those of the AM rule as the fields of :class:`~amopt._config.AMConfig`, and
+the descriptions that several docstrings repeat in ``_DOCS``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
 
 from scipy.optimize import OptimizeResult
 
@@ -23,81 +35,190 @@ from amopt._loop import _check_unknown_options, _run, _sampling
 
 __all__ = ["METHODS"]
 
+# ----------------------------------------------------------------------------- options
 
-def _minimize_gd(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    weight_decay=0.0,
-    maxiter=1000,
-    gtol=1e-5,
-    **unknown_options,
-) -> OptimizeResult:
+
+class _Loop(NamedTuple):
+    """The options of the loop and the sampler, and how the method samples."""
+
+    options: dict[str, Any]
+    #: None: full batch; True: every step on a mini-batch of a FiniteSum ``fun``;
+    #: False: only with ``batch_size`` (see :func:`amopt._loop._sampling`)
+    always_sample: bool | None
+
+
+_SAMPLER = {"batch_size": None, "seed": None, "replace": False}
+_FULL_BATCH = _Loop({"maxiter": 1000, "gtol": 1e-5}, None)
+#: the sgd-type methods: their gradient test is off by default
+_MINI_BATCH = _Loop({"maxiter": 1000, **_SAMPLER, "gtol": 0.0}, True)
+#: the Adam family; ``gtol=None``: 1e-5 full batch, 0 with ``batch_size``
+_OPTIONAL_BATCH = _Loop({"maxiter": 1000, "gtol": None, **_SAMPLER}, False)
+_ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}
+#: the options of the AM rule, with the defaults of AMConfig (AM-MGD's)
+_AM_RULE = {f.name: f.default for f in dataclasses.fields(AMConfig)}
+#: AM-MSGD's and AM-Adam's: the paper's stochastic setting
+_AM_STOCHASTIC = {**_AM_RULE, "lam": 0.1, "beta_max": 0.9, "numerator": "linear"}
+#: AM-Adam's: the cap of beta is ``betas[0]``, and one beta per array by default
+_AM_ADAM = {k: v for k, v in _AM_STOCHASTIC.items() if k != "beta_max"} | {"per_layer": True}
+
+_DOCS = {
+    "weight_decay": r"""weight_decay : float
+        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
+        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
+        ``res.fun`` and ``res.jac`` (and the callback's) stay :math:`f` and
+        :math:`\nabla f`, the values of ``fun`` and ``jac``.""",
+    "full_batch": r"""maxiter : int
+        Maximum number of steps.
+    gtol : float
+        Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.""",
+    "decoupled": r"""The decoupled decay is not the gradient of an objective: ``res.fun``
+        and ``res.jac`` are :math:`f` and :math:`\nabla f`, and ``gtol`` tests
+        :math:`\max|\nabla f|` (at a fixed point of the decoupled iteration
+        :math:`\nabla f` is of order :math:`\epsilon\mu|x|`).""",
+}
+
+# ----------------------------------------------------------------------------- steps
+# A step factory takes the method's options (given or default) and returns the core
+# step ``step(xs, gs, f, state) -> (xs, state, beta)`` and the keyword arguments of
+# ``_run`` that depend on the method: ``weight_decay`` is the decay that ``_run``
+# couples (it steps with g + wd * x; with ``decay_in_f``, f is f + wd/2 |x|^2).
+
+
+def _weight_decay(options: dict) -> float:
+    return check_nonnegative("weight_decay", options["weight_decay"])
+
+
+def _gd(options: dict) -> tuple[Callable, dict]:
+    lr = check_positive("lr", options["lr"])
+
+    def step(xs, gs, f, state):
+        return _core.gd_step(xs, gs, lr=lr), None, None
+
+    return step, {"weight_decay": _weight_decay(options)}
+
+
+def _heavy_ball(options: dict) -> tuple[Callable, dict]:
+    lr = check_positive("lr", options["lr"])
+    beta = check_interval("beta", options["beta"], 0.0, 1.0)
+
+    def step(xs, gs, f, state):
+        state = _core.heavy_ball_init(xs) if state is None else state
+        xs, state = _core.heavy_ball_step(xs, gs, state, lr=lr, beta=beta)
+        return xs, state, None
+
+    return step, {"weight_decay": _weight_decay(options)}
+
+
+def _am_momentum(options: dict) -> tuple[Callable, dict]:
+    config = AMConfig.from_options(options)
+    lr = check_positive("lr", options["lr"])
+
+    def step(xs, gs, f, state):
+        state = _core.am_momentum_init(xs) if state is None else state
+        return _core.am_momentum_step(xs, gs, state, lr=lr, f=f, config=config)
+
+    wd = _weight_decay(options)
+    return step, {"is_am": True, "weight_decay": wd, "decay_in_f": config.numerator == "exact"}
+
+
+def _adam_options(options: dict) -> tuple[float, tuple[float, float], float, float]:
+    """``lr``, ``betas``, ``eps`` and ``weight_decay`` of the Adam family, checked."""
+    return (
+        check_positive("lr", options["lr"]),
+        check_betas("betas", options["betas"]),
+        check_nonnegative("eps", options["eps"]),
+        _weight_decay(options),
+    )
+
+
+def _adam(options: dict, *, decoupled: bool) -> tuple[Callable, dict]:
+    lr, betas, eps, wd = _adam_options(options)
+    # L2 decay (Adam) is coupled by _run, decoupled decay (AdamW) applied by the core
+    hyper = {"lr": lr, "betas": betas, "eps": eps, "decoupled": decoupled}
+    hyper["weight_decay"] = wd if decoupled else 0.0
+
+    def step(xs, gs, f, state):
+        state = _core.adam_init(xs) if state is None else state
+        xs, state = _core.adam_step(xs, gs, state, **hyper)
+        return xs, state, None
+
+    return step, {"weight_decay": 0.0 if decoupled else wd}
+
+
+def _am_adam(options: dict) -> tuple[Callable, dict]:
+    config = AMConfig.from_options(options, beta_max=check_betas("betas", options["betas"])[0])
+    # AM-Adam has the L2 penalty, coupled by _run; AM-AdamW decoupled or proximal decay,
+    # applied by the core
+    l2 = "weight_decay_mode" not in options
+    mode = "decoupled" if l2 else check_weight_decay_mode(options["weight_decay_mode"])
+    lr, betas, eps, wd = _adam_options(options)
+    hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay_mode": mode, "config": config}
+    hyper["weight_decay"] = 0.0 if l2 else wd
+
+    def step(xs, gs, f, state):
+        state = _core.am_adam_init(xs) if state is None else state
+        return _core.am_adam_step(xs, gs, state, f=f, **hyper)
+
+    return step, {"is_am": True, "weight_decay": wd if l2 else 0.0}
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def _method(
+    factory: Callable[[dict], tuple[Callable, dict]], loop: _Loop, **options: Any
+) -> Callable[[Callable], Callable[..., OptimizeResult]]:
+    """Make ``_minimize_<method>`` from a stand-in function that holds its name and docstring.
+
+    The keyword arguments of the result are ``options`` and ``loop.options`` (name:
+    default); the ``%(key)s`` of the docstring are replaced by the descriptions of
+    ``_DOCS``. ``factory`` builds the step from the options.
+    """
+    options |= loop.options
+
+    def make(stand_in: Callable) -> Callable[..., OptimizeResult]:
+        def minimize_method(fun, x0, args=(), jac=None, callback=None, **given) -> OptimizeResult:
+            _check_unknown_options({k: v for k, v in given.items() if k not in options})
+            opts = {k: given.get(k, default) for k, default in options.items()}
+            step, run = factory(opts)
+            if loop.always_sample is None:
+                run["gtol"] = opts["gtol"]
+            else:
+                sampler = [opts[k] for k in ("batch_size", "seed", "replace", "gtol")]
+                run.update(_sampling(fun, *sampler, always=loop.always_sample))
+            run.setdefault("is_am", False)
+            return _run(fun, x0, args, jac, callback, step=step, maxiter=opts["maxiter"], **run)
+
+        # the signature of scipy's methods: the options are keyword arguments
+        sig = inspect.signature(minimize_method)
+        *scipy_args, rest = sig.parameters.values()
+        keywords = [inspect.Parameter(k, rest.KEYWORD_ONLY, default=v) for k, v in options.items()]
+        minimize_method.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[*scipy_args, *keywords, rest.replace(name="unknown_options")]
+        )
+        minimize_method.__name__ = minimize_method.__qualname__ = stand_in.__name__
+        if stand_in.__doc__ is not None:  # None under python -OO
+            minimize_method.__doc__ = stand_in.__doc__ % _DOCS
+        return minimize_method
+
+    return make
+
+
+@_method(_gd, _FULL_BATCH, lr=1e-3, weight_decay=0.0)
+def _minimize_gd():
     r"""Gradient descent, :math:`x_{t+1} = x_t - \eta \nabla f(x_t)`.
 
     Options
     -------
     lr : float
         Step size :math:`\eta > 0` (``1/L`` for an L-smooth f).
-    weight_decay : float
-        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
-        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
-        ``res.fun`` and ``res.jac`` (and the callback's) stay :math:`f` and
-        :math:`\nabla f`, the values of ``fun`` and ``jac``.
-    maxiter : int
-        Maximum number of steps.
-    gtol : float
-        Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
+    %(weight_decay)s
+    %(full_batch)s
     """
-    _check_unknown_options(unknown_options)
-    lr = check_positive("lr", lr)
-    wd = check_nonnegative("weight_decay", weight_decay)
-
-    def step(xs, gs, f, state):
-        return _core.gd_step(xs, gs, lr=lr), None, None
-
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        is_am=False,
-        weight_decay=wd,
-    )
 
 
-def _heavy_ball(lr, beta):
-    # weight decay is coupled by _run: gs is already g + wd * x
-    def step(xs, gs, f, state):
-        state = _core.heavy_ball_init(xs) if state is None else state
-        xs, state = _core.heavy_ball_step(xs, gs, state, lr=lr, beta=beta)
-        return xs, state, None
-
-    return step
-
-
-def _minimize_mgd(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    beta=0.9,
-    weight_decay=0.0,
-    maxiter=1000,
-    gtol=1e-5,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(_heavy_ball, _FULL_BATCH, lr=1e-3, beta=0.9, weight_decay=0.0)
+def _minimize_mgd():
     r"""Damped heavy ball (MGD) with fixed momentum ``beta``.
 
     .. math::
@@ -110,63 +231,13 @@ def _minimize_mgd(
         Step size :math:`\eta > 0`.
     beta : float
         Momentum coefficient in [0, 1].
-    weight_decay : float
-        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
-        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
-        ``res.fun`` and ``res.jac`` (and the callback's) stay :math:`f` and
-        :math:`\nabla f`, the values of ``fun`` and ``jac``.
-    maxiter : int
-        Maximum number of steps.
-    gtol : float
-        Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
+    %(weight_decay)s
+    %(full_batch)s
     """
-    _check_unknown_options(unknown_options)
-    step = _heavy_ball(check_positive("lr", lr), check_interval("beta", beta, 0.0, 1.0))
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        is_am=False,
-        weight_decay=check_nonnegative("weight_decay", weight_decay),
-    )
 
 
-def _am_momentum(lr, config):
-    # weight decay is coupled by _run: gs is g + wd * x and f is f + wd/2 |x|^2
-    def step(xs, gs, f, state):
-        state = _core.am_momentum_init(xs) if state is None else state
-        return _core.am_momentum_step(xs, gs, state, lr=lr, f=f, config=config)
-
-    return step
-
-
-def _minimize_am_mgd(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    lam=0.0,
-    beta_max=1.0,
-    numerator="exact",
-    weight_decay=0.0,
-    per_layer=False,
-    variant=None,
-    beta_min=0.5,
-    theta=0.7,
-    beta_high=0.9,
-    beta_low=0.1,
-    maxiter=1000,
-    gtol=1e-5,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(_am_momentum, _FULL_BATCH, lr=1e-3, weight_decay=0.0, **_AM_RULE)
+def _minimize_am_mgd():
     r"""Adaptive Memory momentum gradient descent (AM-MGD).
 
     .. math::
@@ -184,19 +255,15 @@ def _minimize_am_mgd(
     -------
     lr : float
         Step size :math:`\eta > 0` (the paper uses ``1/L``).
+    %(weight_decay)s
     lam : float
         Proximal regularisation :math:`\lambda \ge 0`.
     beta_max : float
         Upper bound of :math:`\beta_t`, in [0, 1].
     numerator : {"exact", "linear"}
         ``"exact"`` uses the decrease of the objective (needs f values; with
-        ``weight_decay``, of :math:`F` below); ``"linear"`` the linearised
+        ``weight_decay``, of :math:`F` above); ``"linear"`` the linearised
         numerator :math:`(1+\lambda)\|g\|^2 - \lambda\|d-g\|^2`.
-    weight_decay : float
-        Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
-        :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
-        ``res.fun`` and ``res.jac`` (and the callback's) stay :math:`f` and
-        :math:`\nabla f`, the values of ``fun`` and ``jac``.
     per_layer : bool
         With a list of arrays as ``x0``: one beta per array instead of one global beta.
     variant : {None, "clip", "restart"}
@@ -204,45 +271,12 @@ def _minimize_am_mgd(
         ``beta_high`` if :math:`\beta_t \ge \theta` else ``beta_low``.
     beta_min, theta, beta_high, beta_low : float
         Variant parameters, in [0, 1].
-    maxiter : int
-        Maximum number of steps.
-    gtol : float
-        Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.
+    %(full_batch)s
     """
-    _check_unknown_options(unknown_options)
-    am = AMConfig.from_options(locals())
-    step = _am_momentum(check_positive("lr", lr), am)
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        gtol=gtol,
-        is_am=True,
-        weight_decay=check_nonnegative("weight_decay", weight_decay),
-        decay_in_f=am.numerator == "exact",
-    )
 
 
-def _minimize_sgd(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    weight_decay=0.0,
-    maxiter=1000,
-    batch_size=None,
-    seed=None,
-    replace=False,
-    gtol=0.0,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(_gd, _MINI_BATCH, lr=1e-3, weight_decay=0.0)
+def _minimize_sgd():
     r"""Stochastic gradient descent on a :class:`~amopt.FiniteSum` (or a stochastic oracle).
 
     Options
@@ -275,45 +309,10 @@ def _minimize_sgd(
     With a plain callable ``fun``, it is treated as a (possibly stochastic)
     oracle: each step evaluates it once at the current iterate.
     """
-    _check_unknown_options(unknown_options)
-    lr = check_positive("lr", lr)
-    wd = check_nonnegative("weight_decay", weight_decay)
-
-    def step(xs, gs, f, state):
-        return _core.gd_step(xs, gs, lr=lr), None, None
-
-    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        is_am=False,
-        weight_decay=wd,
-        **sampling,
-    )
 
 
-def _minimize_msgd(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    beta=0.9,
-    weight_decay=0.0,
-    maxiter=1000,
-    batch_size=None,
-    seed=None,
-    replace=False,
-    gtol=0.0,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(_heavy_ball, _MINI_BATCH, lr=1e-3, beta=0.9, weight_decay=0.0)
+def _minimize_msgd():
     r"""Stochastic damped heavy ball (MSGD) with fixed ``beta``.
 
     Options
@@ -323,48 +322,10 @@ def _minimize_msgd(
     maxiter, batch_size, seed, replace, gtol
         As for ``"sgd"``.
     """
-    _check_unknown_options(unknown_options)
-    step = _heavy_ball(check_positive("lr", lr), check_interval("beta", beta, 0.0, 1.0))
-    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        is_am=False,
-        weight_decay=check_nonnegative("weight_decay", weight_decay),
-        **sampling,
-    )
 
 
-def _minimize_am_sgd(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    lam=0.1,
-    beta_max=0.9,
-    numerator="linear",
-    weight_decay=0.0,
-    per_layer=False,
-    variant=None,
-    beta_min=0.5,
-    theta=0.7,
-    beta_high=0.9,
-    beta_low=0.1,
-    maxiter=1000,
-    batch_size=None,
-    seed=None,
-    replace=False,
-    gtol=0.0,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(_am_momentum, _MINI_BATCH, lr=1e-3, weight_decay=0.0, **_AM_STOCHASTIC)
+def _minimize_am_sgd():
     r"""Adaptive Memory momentum SGD (AM-MSGD), the paper's stochastic rule.
 
     .. math::
@@ -387,91 +348,10 @@ def _minimize_am_sgd(
     maxiter, batch_size, seed, replace, gtol
         As for ``"sgd"``.
     """
-    _check_unknown_options(unknown_options)
-    am = AMConfig.from_options(locals())
-    step = _am_momentum(check_positive("lr", lr), am)
-    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=True)
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        is_am=True,
-        weight_decay=check_nonnegative("weight_decay", weight_decay),
-        decay_in_f=am.numerator == "exact",
-        **sampling,
-    )
 
 
-def _adam_family(
-    fun,
-    x0,
-    args,
-    jac,
-    callback,
-    *,
-    lr,
-    betas,
-    eps,
-    weight_decay,
-    decoupled,
-    maxiter,
-    gtol,
-    batch_size,
-    seed,
-    replace,
-):
-    lr = check_positive("lr", lr)
-    betas = check_betas("betas", betas)
-    eps = check_nonnegative("eps", eps)
-    wd = check_nonnegative("weight_decay", weight_decay)
-
-    # L2 decay (Adam) is coupled by _run, decoupled decay (AdamW) applied by the core
-    core_wd = wd if decoupled else 0.0
-
-    def step(xs, gs, f, state):
-        state = _core.adam_init(xs) if state is None else state
-        xs, state = _core.adam_step(
-            xs, gs, state, lr=lr, betas=betas, eps=eps, weight_decay=core_wd, decoupled=decoupled
-        )
-        return xs, state, None
-
-    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=False)
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        is_am=False,
-        weight_decay=0.0 if decoupled else wd,
-        **sampling,
-    )
-
-
-def _minimize_adam(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    betas=(0.9, 0.999),
-    eps=1e-8,
-    weight_decay=0.0,
-    maxiter=1000,
-    gtol=None,
-    batch_size=None,
-    seed=None,
-    replace=False,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(partial(_adam, decoupled=False), _OPTIONAL_BATCH, **_ADAM, weight_decay=0.0)
+def _minimize_adam():
     r"""Adam, exactly as ``torch.optim.Adam`` (L2 weight decay added to the gradient).
 
     .. math::
@@ -502,44 +382,10 @@ def _minimize_adam(
         With a :class:`~amopt.FiniteSum` ``fun``: mini-batch steps (see ``"sgd"``);
         ``batch_size=None`` uses the full gradient.
     """
-    _check_unknown_options(unknown_options)
-    return _adam_family(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        decoupled=False,
-        maxiter=maxiter,
-        gtol=gtol,
-        batch_size=batch_size,
-        seed=seed,
-        replace=replace,
-    )
 
 
-def _minimize_adamw(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    betas=(0.9, 0.999),
-    eps=1e-8,
-    weight_decay=1e-2,
-    maxiter=1000,
-    gtol=None,
-    batch_size=None,
-    seed=None,
-    replace=False,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(partial(_adam, decoupled=True), _OPTIONAL_BATCH, **_ADAM, weight_decay=1e-2)
+def _minimize_adamw():
     r"""AdamW, exactly as ``torch.optim.AdamW`` (decoupled weight decay).
 
     Options
@@ -549,117 +395,15 @@ def _minimize_adamw(
     weight_decay : float
         Decoupled weight decay :math:`\mu \ge 0`: :math:`x \leftarrow (1 - \eta\mu) x`
         before the step.
-        The decoupled decay is not the gradient of an objective: ``res.fun``
-        and ``res.jac`` are :math:`f` and :math:`\nabla f`, and ``gtol`` tests
-        :math:`\max|\nabla f|` (at a fixed point of the decoupled iteration
-        :math:`\nabla f` is of order :math:`\epsilon\mu|x|`).
+        %(decoupled)s
     gtol : float
         Stop when :math:`\max|\nabla f| \le` ``gtol`` (the mini-batch gradient with
         ``batch_size``); default 1e-5 full batch, 0 (off) with ``batch_size``.
     """
-    _check_unknown_options(unknown_options)
-    return _adam_family(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        decoupled=True,
-        maxiter=maxiter,
-        gtol=gtol,
-        batch_size=batch_size,
-        seed=seed,
-        replace=replace,
-    )
 
 
-def _am_adam_family(
-    fun,
-    x0,
-    args,
-    jac,
-    callback,
-    *,
-    lr,
-    betas,
-    eps,
-    weight_decay,
-    mode,
-    maxiter,
-    gtol,
-    batch_size,
-    seed,
-    replace,
-    am,
-):
-    lr = check_positive("lr", lr)
-    betas = check_betas("betas", betas)
-    eps = check_nonnegative("eps", eps)
-    wd = check_nonnegative("weight_decay", weight_decay)
-    config = am
-    # the L2 penalty (AM-Adam) is coupled by _run; decoupled/proximal decay is the core's
-    l2 = mode == "l2"
-
-    def step(xs, gs, f, state):
-        state = _core.am_adam_init(xs) if state is None else state
-        return _core.am_adam_step(
-            xs,
-            gs,
-            state,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=0.0 if l2 else wd,
-            weight_decay_mode="decoupled" if l2 else mode,
-            f=f,
-            config=config,
-        )
-
-    sampling = _sampling(fun, batch_size, seed, replace, gtol, always=False)
-    return _run(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        step=step,
-        maxiter=maxiter,
-        is_am=True,
-        weight_decay=wd if l2 else 0.0,
-        **sampling,
-    )
-
-
-def _minimize_am_adam(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    betas=(0.9, 0.999),
-    eps=1e-8,
-    weight_decay=0.0,
-    lam=0.1,
-    numerator="linear",
-    per_layer=True,
-    variant=None,
-    beta_min=0.5,
-    theta=0.7,
-    beta_high=0.9,
-    beta_low=0.1,
-    maxiter=1000,
-    gtol=None,
-    batch_size=None,
-    seed=None,
-    replace=False,
-    **unknown_options,
-) -> OptimizeResult:
+@_method(_am_adam, _OPTIONAL_BATCH, **_ADAM, weight_decay=0.0, **_AM_ADAM)
+def _minimize_am_adam():
     r"""AM-Adam: Adam whose first-moment coefficient is the Adaptive Memory beta.
 
     .. math::
@@ -697,55 +441,17 @@ def _minimize_am_adam(
     maxiter, gtol, batch_size, seed, replace
         As for ``"adam"``.
     """
-    _check_unknown_options(unknown_options)
-    am = AMConfig.from_options(locals(), beta_max=check_betas("betas", betas)[0])
-    return _am_adam_family(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        mode="l2",
-        maxiter=maxiter,
-        gtol=gtol,
-        batch_size=batch_size,
-        seed=seed,
-        replace=replace,
-        am=am,
-    )
 
 
-def _minimize_am_adamw(
-    fun,
-    x0,
-    args=(),
-    jac=None,
-    callback=None,
-    *,
-    lr=1e-3,
-    betas=(0.9, 0.999),
-    eps=1e-8,
+@_method(
+    _am_adam,
+    _OPTIONAL_BATCH,
+    **_ADAM,
     weight_decay=1e-2,
     weight_decay_mode="decoupled",
-    lam=0.1,
-    numerator="linear",
-    per_layer=True,
-    variant=None,
-    beta_min=0.5,
-    theta=0.7,
-    beta_high=0.9,
-    beta_low=0.1,
-    maxiter=1000,
-    gtol=None,
-    batch_size=None,
-    seed=None,
-    replace=False,
-    **unknown_options,
-) -> OptimizeResult:
+    **_AM_ADAM,
+)
+def _minimize_am_adamw():
     r"""AM-AdamW: AM-Adam with decoupled (or proximal) weight decay.
 
     .. math::
@@ -761,10 +467,7 @@ def _minimize_am_adamw(
     -------
     weight_decay : float
         :math:`\mu \ge 0` (default 1e-2, as ``torch.optim.AdamW``).
-        The decoupled decay is not the gradient of an objective: ``res.fun``
-        and ``res.jac`` are :math:`f` and :math:`\nabla f`, and ``gtol`` tests
-        :math:`\max|\nabla f|` (at a fixed point of the decoupled iteration
-        :math:`\nabla f` is of order :math:`\epsilon\mu|x|`).
+        %(decoupled)s
     weight_decay_mode : {"decoupled", "proximal"}
         How the decay is applied.
     lr, betas, eps, lam, numerator, per_layer, variant, beta_min, theta, beta_high, beta_low
@@ -774,27 +477,6 @@ def _minimize_am_adamw(
     maxiter, batch_size, seed, replace
         As for ``"adam"``.
     """
-    _check_unknown_options(unknown_options)
-    am = AMConfig.from_options(locals(), beta_max=check_betas("betas", betas)[0])
-    mode = check_weight_decay_mode(weight_decay_mode)
-    return _am_adam_family(
-        fun,
-        x0,
-        args,
-        jac,
-        callback,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        mode=mode,
-        maxiter=maxiter,
-        gtol=gtol,
-        batch_size=batch_size,
-        seed=seed,
-        replace=replace,
-        am=am,
-    )
 
 
 METHODS: dict[str, Callable[..., OptimizeResult]] = {

@@ -71,6 +71,7 @@ def test_wheel_carries_the_bundled_data(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     for f in ("mushrooms.bz2", "a1a.bz2"):
         assert f"amopt/datasets/data/{f}" in names
+    assert "amopt/datasets/registry.csv" in names  # the registry of the data sets
     assert "amopt/experiments/__main__.py" in names and "amopt/bench/_timing.py" in names
     assert not any(n.startswith(("tests/", "docs/", "asv_benchmarks/")) for n in names)
 

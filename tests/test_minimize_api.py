@@ -1,5 +1,6 @@
 """The scipy-shaped surface of ``amopt.minimize``: options, errors, callbacks, statuses."""
 
+import inspect
 import re
 import warnings
 
@@ -306,6 +307,52 @@ def test_method_is_case_insensitive():
 def test_unknown_options_warn_like_scipy():
     with pytest.warns(OptimizeWarning, match="Unknown solver options: momentum, foo"):
         amopt.minimize(f, np.zeros(3), jac=g, options={"momentum": 0.9, "foo": 1, "maxiter": 1})
+
+
+@pytest.mark.parametrize("method", list(amopt.METHODS))
+def test_method_signature_is_scipy_shaped_and_documented(method):
+    # fun, x0, args, jac, callback; then each option as a keyword argument with its
+    # default, every one described in the docstring's "Options" section
+    meth = amopt.METHODS[method]
+    params = list(inspect.signature(meth).parameters.values())
+    assert [p.name for p in params[:5]] == ["fun", "x0", "args", "jac", "callback"]
+    assert params[-1].kind is inspect.Parameter.VAR_KEYWORD
+    options = params[5:-1]
+    assert options and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in options)
+    assert meth.__name__ == "_minimize_" + method.replace("-", "_")
+    doc = meth.__doc__.split("Options\n    -------\n", 1)[1]
+    assert "%(" not in meth.__doc__
+    for p in options:
+        assert re.search(rf"^    (\w+, )*{p.name}\b", doc, re.M), p.name
+    with pytest.warns(OptimizeWarning, match="Unknown solver options: foo"):
+        meth(f, np.zeros(3), (), g, None, foo=1, maxiter=0)
+
+
+def test_core_steps_take_the_rule_options_one_by_one():
+    # the options of AMConfig, at the step's defaults, before `config`
+    from amopt._config import AMConfig
+
+    sig = inspect.signature(amopt.am_momentum_step).parameters
+    for name in ("lam", "beta_max", "numerator", "per_layer", "variant", "beta_low"):
+        assert sig[name].default == getattr(AMConfig(), name)
+    adam = inspect.signature(amopt.am_adam_step).parameters
+    assert (adam["lam"].default, adam["numerator"].default, adam["per_layer"].default) == (
+        0.1,
+        "linear",
+        True,
+    )
+    assert "beta_max" not in adam and list(adam)[-1] == "config"
+    x = np.array([1.0, -2.0])
+    _, _, beta = amopt.am_momentum_step(x, x, amopt.am_momentum_init(x), lr=0.1, variant="clip")
+    assert float(beta) == 0.5
+    steps = [
+        (amopt.am_momentum_step, amopt.am_momentum_init(x)),
+        (amopt.am_adam_step, amopt.am_adam_init(x)),
+    ]
+    for step, state in steps:
+        for config in (None, AMConfig()):
+            with pytest.raises(TypeError, match="unexpected keyword argument 'lamb'"):
+                step(x, x, state, lr=0.1, lamb=0.1, config=config)
 
 
 def test_jac_shape_mismatch():

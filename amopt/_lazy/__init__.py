@@ -37,28 +37,16 @@ def is_lazy(arrays: Any) -> bool:
     return any(array_api_compat.is_dask_array(a) for a in arrays)
 
 
-def session(
-    layout: Any,
-    objective: Any,
-    step: Any,
-    *,
-    full_batch: bool,
-    weight_decay: float = 0.0,
-    decay_in_f: bool = False,
-) -> Any:
+def session(layout: Any, objective: Any, step: Any, **options: Any) -> Any:
     r"""The loop's hook: a :class:`~amopt._lazy._session.LazySession` for dask arrays.
 
     Parameters
     ----------
     layout, objective, step
         The loop's structure of ``x0``, objective wrapper and core step.
-    full_batch : bool
-        Whether the loop evaluates the full objective after every step (else it
-        evaluates mini-batches before every step).
-    weight_decay : float
-        The loop's coupled weight decay :math:`\mu` (it steps with :math:`g + \mu x`).
-    decay_in_f : bool
-        Whether the loop adds :math:`\frac{\mu}{2}\|x\|^2` to the objective it steps with.
+    **options
+        ``full_batch``, ``weight_decay`` and ``decay_in_f``: see
+        :class:`~amopt._lazy._session.LazySession`.
 
     Returns
     -------
@@ -71,14 +59,7 @@ def session(
         return None
     from amopt._lazy._session import LazySession
 
-    return LazySession(
-        layout,
-        objective,
-        step,
-        full_batch=full_batch,
-        weight_decay=weight_decay,
-        decay_in_f=decay_in_f,
-    )
+    return LazySession(layout, objective, step, **options)
 
 
 def design(X: Any, targets: Any) -> Any:

@@ -209,15 +209,19 @@ def _beta_like(beta: Any, values: list[float]) -> Any:
     return np.float64(values[0])
 
 
-class _Layout:
-    """The loop's view of ``x0``: the persisted starting point, and memoised reductions."""
+class _StandIn:
+    """Stands in for one of the loop's objects: what it does not define, the object answers."""
 
-    def __init__(self, session: LazySession, layout: Any):
+    def __init__(self, session: LazySession, wrapped: Any):
         self._session = session
-        self._layout = layout
+        self._wrapped = wrapped
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._layout, name)
+        return getattr(self._wrapped, name)
+
+
+class _Layout(_StandIn):
+    """The loop's view of ``x0``: the persisted starting point, and memoised reductions."""
 
     @property
     def arrays(self) -> tuple:
@@ -233,24 +237,19 @@ class _Layout:
         return self._session.reduce("sq_norm", arrays)
 
 
-class _Objective:
+class _Objective(_StandIn):
     """The loop's objective: counts like the eager wrapper, answers from the memo."""
 
-    def __init__(self, session: LazySession, objective: Any):
-        self._session = session
-        self._objective = objective
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._objective, name)
+    def _count(self) -> None:
+        self._wrapped.nfev += 1
+        self._wrapped.njev += 1
 
     def __call__(self, arrays: tuple) -> tuple[float, tuple]:
-        self._objective.nfev += 1
-        self._objective.njev += 1
+        self._count()
         return self._session.evaluate(arrays)
 
     def batch(self, arrays: tuple, indices: Any) -> tuple[float, tuple]:
-        self._objective.nfev += 1
-        self._objective.njev += 1
+        self._count()
         return self._session.batch(arrays, indices)
 
 
@@ -270,7 +269,8 @@ class LazySession:
     step : callable
         ``step(xs, gs, f, state) -> (xs, state, beta)``, one core step.
     full_batch : bool
-        Whether the loop evaluates the full objective after each step.
+        Whether the loop evaluates the full objective after each step (else it
+        evaluates mini-batches before every step).
     weight_decay : float
         The loop's coupled decay :math:`\mu`: it tests and steps with
         :math:`g + \mu x`, built here the same way so that its norm is read in

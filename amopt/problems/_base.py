@@ -102,6 +102,49 @@ class FiniteSumProblem(Problem):
         return idx.astype(np.intp, copy=False)
 
 
+class _RowSum(FiniteSumProblem):
+    """A finite sum over the rows of a design: :math:`f_i` depends on row ``i`` and its target.
+
+    Subclasses set ``_data`` (a :class:`_Design`, or the chunked design of
+    :mod:`amopt._lazy` for a dask ``X``) and ``_eval(x, xp, X, t, m, XT=None)``,
+    the objective and gradient of the ``m`` rows ``X`` with targets ``t``;
+    ``_shapes`` are the accepted shapes of ``x`` (None: ``(dim,)``).
+    """
+
+    _shapes: tuple[tuple[int, ...], ...] | None = None
+
+    def value_and_grad(self, x: Any) -> tuple[Any, Any]:
+        """Full objective and gradient."""
+        x, xp = self._prepare(x, self._shapes)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, self.n_samples)
+        X, t = self._data.arrays(x, xp)
+        return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
+
+    def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
+        """Mean loss over the rows ``indices`` (repeats count) plus the regulariser, and its
+        gradient."""
+        x, xp = self._prepare(x, self._shapes)
+        idx = self._check_indices(indices)
+        if getattr(self._data, "lazy", False):
+            return self._data.evaluate(self._eval, x, idx.shape[0], idx)
+        X, t = self._data.arrays(x, xp)
+        Xb, tb = self._data.rows(X, t, idx, xp, x)
+        return self._eval(x, xp, Xb, tb, idx.shape[0])
+
+
+class _SolvedNumerically:
+    """:attr:`x_star` and :attr:`f_star` of a problem from its ``reference_solution()``."""
+
+    @property
+    def x_star(self) -> np.ndarray:
+        return self.reference_solution().x  # type: ignore[attr-defined]
+
+    @property
+    def f_star(self) -> float:
+        return self.reference_solution().fun  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- data helpers
 
 

@@ -9,7 +9,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backends import to_numpy
-from ._base import FiniteSumProblem, Problem, _check_int, _check_scalar, _check_targets, _Design
+from ._base import (
+    Problem,
+    _check_int,
+    _check_scalar,
+    _check_targets,
+    _Design,
+    _RowSum,
+    _SolvedNumerically,
+)
 from ._reference import ReferenceSolution, solve_reference
 
 __all__ = ["HuberRegression", "Rosenbrock"]
@@ -78,7 +86,7 @@ class Rosenbrock(Problem):
         return H
 
 
-class HuberRegression(FiniteSumProblem):
+class HuberRegression(_SolvedNumerically, _RowSum):
     r"""Huber regression :math:`f(x) = \frac1n\sum_i h_\delta(a_i^\top x - y_i)`.
 
     With :math:`h_\delta(r) = r^2/2` for :math:`|r| \le \delta` and
@@ -215,18 +223,6 @@ class HuberRegression(FiniteSumProblem):
         g = self._data.rmatvec(X, psi, xp, XT) / m
         return f, g
 
-    def value_and_grad(self, x: Any) -> tuple[Any, Any]:
-        x, xp = self._prepare(x)
-        X, t = self._data.arrays(x, xp)
-        return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
-
-    def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
-        x, xp = self._prepare(x)
-        idx = self._check_indices(indices)
-        X, t = self._data.arrays(x, xp)
-        Xb, tb = self._data.rows(X, t, idx, xp, x)
-        return self._eval(x, xp, Xb, tb, idx.shape[0])
-
     def reference_solution(
         self, gtol: float = 1e-10, *, maxiter: int = 100_000, cache: bool = True,
         cache_dir: Any = None,
@@ -258,14 +254,6 @@ class HuberRegression(FiniteSumProblem):
         else:
             G = H.T @ (H * inside[:, None])
         return np.asarray(G) / self.n_samples
-
-    @property
-    def x_star(self) -> np.ndarray:
-        return self.reference_solution().x
-
-    @property
-    def f_star(self) -> float:
-        return self.reference_solution().fun
 
 
 def _huber(r: np.ndarray, delta: float) -> np.ndarray:

@@ -13,7 +13,7 @@ import scipy.special
 from .. import _lazy
 from ..backends import to_numpy
 from ..datasets._libsvm import _check_label_values, _label_convention, binary_labels, class_indices
-from ._base import FiniteSumProblem, _check_int, _check_scalar, _Design
+from ._base import _check_int, _check_scalar, _Design, _RowSum, _SolvedNumerically
 from ._reference import ReferenceSolution, solve_reference
 
 __all__ = ["LogisticRegression", "NonconvexLogisticRegression"]
@@ -54,7 +54,7 @@ def _scores(data: Any, w: np.ndarray) -> np.ndarray:
     return np.asarray(data.host @ w)
 
 
-class LogisticRegression(FiniteSumProblem):
+class LogisticRegression(_SolvedNumerically, _RowSum):
     r"""Logistic regression, binary or multiclass (softmax), with an optional L2 term.
 
     Binary (labels mapped to :math:`b_i = \pm 1` by :func:`~amopt.datasets.binary_labels`:
@@ -264,24 +264,6 @@ class LogisticRegression(FiniteSumProblem):
             g = g + self.l2 * x
         return f, g
 
-    def value_and_grad(self, x: Any) -> tuple[Any, Any]:
-        """Full objective and gradient."""
-        x, xp = self._prepare(x, self._shapes)
-        if getattr(self._data, "lazy", False):
-            return self._data.evaluate(self._eval, x, self.n_samples)
-        X, t = self._data.arrays(x, xp)
-        return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
-
-    def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
-        """Mean loss over the rows ``indices`` (repeats count) plus the L2 term, and gradient."""
-        x, xp = self._prepare(x, self._shapes)
-        idx = self._check_indices(indices)
-        if getattr(self._data, "lazy", False):
-            return self._data.evaluate(self._eval, x, idx.shape[0], idx)
-        X, t = self._data.arrays(x, xp)
-        Xb, tb = self._data.rows(X, t, idx, xp, x)
-        return self._eval(x, xp, Xb, tb, idx.shape[0])
-
     def predict(self, x: Any) -> np.ndarray:
         """Predicted labels (from :attr:`classes`) for the training rows, on the host."""
         x, _ = self._prepare(x, self._shapes)
@@ -353,16 +335,8 @@ class LogisticRegression(FiniteSumProblem):
             out = out.reshape(d * K, d * K)
         return out + self.l2 * np.eye(self.dim)
 
-    @property
-    def x_star(self) -> np.ndarray:
-        return self.reference_solution().x
 
-    @property
-    def f_star(self) -> float:
-        return self.reference_solution().fun
-
-
-class NonconvexLogisticRegression(FiniteSumProblem):
+class NonconvexLogisticRegression(_RowSum):
     r"""Binary logistic loss plus the non-convex regulariser :math:`\alpha\sum_j x_j^2/(1+x_j^2)`.
 
     .. math:: f(x) = \frac1n\sum_i \log(1 + e^{-b_i a_i^\top x})
@@ -466,19 +440,3 @@ class NonconvexLogisticRegression(FiniteSumProblem):
         f = xp.sum(loss) / m + self.alpha * xp.sum(x2 / q)
         g = data.rmatvec(X, s, xp, XT) / m + (2.0 * self.alpha) * x / (q * q)
         return f, g
-
-    def value_and_grad(self, x: Any) -> tuple[Any, Any]:
-        x, xp = self._prepare(x)
-        if getattr(self._data, "lazy", False):
-            return self._data.evaluate(self._eval, x, self.n_samples)
-        X, t = self._data.arrays(x, xp)
-        return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
-
-    def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
-        x, xp = self._prepare(x)
-        idx = self._check_indices(indices)
-        if getattr(self._data, "lazy", False):
-            return self._data.evaluate(self._eval, x, idx.shape[0], idx)
-        X, t = self._data.arrays(x, xp)
-        Xb, tb = self._data.rows(X, t, idx, xp, x)
-        return self._eval(x, xp, Xb, tb, idx.shape[0])

@@ -12,13 +12,14 @@ import scipy.sparse.linalg as spla
 from .. import _lazy
 from ..backends import to_numpy
 from ._base import (
-    FiniteSumProblem,
     Problem,
     _check_int,
     _check_scalar,
     _check_targets,
     _Design,
     _device,
+    _RowSum,
+    _SolvedNumerically,
 )
 from ._reference import ReferenceSolution
 
@@ -242,7 +243,7 @@ class Quadratic(Problem):
         return xp.asarray(H, dtype=x.dtype, device=_device(x))
 
 
-class LeastSquares(FiniteSumProblem):
+class LeastSquares(_SolvedNumerically, _RowSum):
     r"""Least squares :math:`f(x) = \frac{1}{2n}\|Xx - y\|^2 + \frac{\ell_2}{2}\|x\|^2`.
 
     A finite sum with :math:`f_i(x) = \frac12 (a_i^\top x - y_i)^2` and the
@@ -319,22 +320,6 @@ class LeastSquares(FiniteSumProblem):
             g = g + self.l2 * x
         return f, g
 
-    def value_and_grad(self, x: Any) -> tuple[Any, Any]:
-        x, xp = self._prepare(x)
-        if getattr(self._data, "lazy", False):
-            return self._data.evaluate(self._eval, x, self.n_samples)
-        X, t = self._data.arrays(x, xp)
-        return self._eval(x, xp, X, t, self.n_samples, self._data.XT)
-
-    def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
-        x, xp = self._prepare(x)
-        idx = self._check_indices(indices)
-        if getattr(self._data, "lazy", False):
-            return self._data.evaluate(self._eval, x, idx.shape[0], idx)
-        X, t = self._data.arrays(x, xp)
-        Xb, tb = self._data.rows(X, t, idx, xp, x)
-        return self._eval(x, xp, Xb, tb, idx.shape[0])
-
     def reference_solution(self) -> ReferenceSolution:
         """Exact least-squares solution (computed once).
 
@@ -360,11 +345,3 @@ class LeastSquares(FiniteSumProblem):
         M = np.vstack([H, damp * np.eye(self.dim)]) if damp else H
         rhs = np.concatenate([y, np.zeros(self.dim)]) if damp else y
         return np.linalg.lstsq(M, rhs, rcond=None)[0]
-
-    @property
-    def x_star(self) -> np.ndarray:
-        return self.reference_solution().x
-
-    @property
-    def f_star(self) -> float:
-        return self.reference_solution().fun
