@@ -88,53 +88,11 @@ class _Value:
         a, b = self.index, self.tape.reg(other)
         return self.tape.emit(op, *((b, a) if swap else (a, b)))
 
-    def __add__(self, o: Any) -> _Value:
-        return self._binary("add", o)
-
-    def __radd__(self, o: Any) -> _Value:
-        return self._binary("add", o, swap=True)
-
-    def __sub__(self, o: Any) -> _Value:
-        return self._binary("sub", o)
-
-    def __rsub__(self, o: Any) -> _Value:
-        return self._binary("sub", o, swap=True)
-
-    def __mul__(self, o: Any) -> _Value:
-        return self._binary("mul", o)
-
-    def __rmul__(self, o: Any) -> _Value:
-        return self._binary("mul", o, swap=True)
-
-    def __truediv__(self, o: Any) -> _Value:
-        return self._binary("div", o)
-
-    def __rtruediv__(self, o: Any) -> _Value:
-        return self._binary("div", o, swap=True)
-
     def __neg__(self) -> _Value:
         return self.tape.emit("neg", self.index)
 
     def __pos__(self) -> _Value:
         return self
-
-    def __le__(self, o: Any) -> _Value:
-        return self._binary("le", o)
-
-    def __ge__(self, o: Any) -> _Value:
-        return self._binary("ge", o)
-
-    def __lt__(self, o: Any) -> _Value:
-        return self._binary("lt", o)
-
-    def __gt__(self, o: Any) -> _Value:
-        return self._binary("gt", o)
-
-    def __eq__(self, o: Any) -> _Value:  # type: ignore[override]
-        return self._binary("eq", o)
-
-    def __ne__(self, o: Any) -> _Value:  # type: ignore[override]
-        return self._binary("ne", o)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -143,6 +101,21 @@ class _Value:
 
     def __float__(self) -> float:
         raise _Untraceable("a traced value converted to a Python number")
+
+
+def _binary(op: str, swap: bool = False) -> Callable[[_Value, Any], _Value]:
+    def method(self: _Value, other: Any) -> _Value:
+        return self._binary(op, other, swap)
+
+    return method
+
+
+# the operators the rules use: + - * / with Python numbers on either side, comparisons
+for _name, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div")):
+    setattr(_Value, f"__{_name}__", _binary(_op))
+    setattr(_Value, f"__r{_name}__", _binary(_op, swap=True))
+for _op in ("le", "ge", "lt", "gt", "eq", "ne"):
+    setattr(_Value, f"__{_op}__", _binary(_op))
 
 
 class _Sums:
