@@ -164,9 +164,49 @@ def cast(tensors: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
 # --------------------------------------------------------------------------- reductions
 
 
-def dot(a: Tensor, b: Tensor, acc: torch.dtype) -> Tensor:
-    """``sum(a * b)`` over every coordinate, accumulated in ``acc`` (0-d tensor)."""
-    return torch.sum(a.to(acc) * b.to(acc))
+def wide_dtype(device: torch.device) -> torch.dtype:
+    """The dtype sums of squares are formed in: float64 wherever the device has it.
+
+    The beta rules depend on ratios of a scope's sums only, but the squares summed are
+    not scale-free: in float32 (and bfloat16, whose range is float32's) ``g * g``
+    underflows for ``|g|`` below about 1e-19 and overflows above about 1e19, and beta
+    would then be reset to 0. Squared in float64 they keep the whole range of the
+    data; :func:`scope_sums` brings them back to the scope's dtype. Apple MPS has no
+    float64: there the squares stay in float32.
+    """
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def sqsum(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``sum(t * t)`` of one tensor as a 0-d tensor, every square formed in ``dtype``."""
+    return foreach_sqsum([t], dtype)[0]
+
+
+def dot(a: Tensor, b: Tensor) -> Tensor:
+    """``sum(a * b)`` over every coordinate, in the dtype of ``a`` and ``b`` (0-d tensor).
+
+    One BLAS-style kernel and no temporary for 1-D tensors (the pieces of the foreach
+    kernels, see :func:`chunks`); a product and a sum otherwise.
+    """
+    if a.dim() == 1 and b.dim() == 1:
+        return torch.dot(a, b)
+    return torch.sum(a * b)
+
+
+def scope_sums(sums: Tensor, dtype: torch.dtype) -> Tensor:
+    """Sums of scopes, formed in a wider dtype, as the rule's input in the scope ``dtype``.
+
+    Each scope's row (last axis) is first divided by the power of two that brings its
+    largest entry into ``[0.5, 1)``: exact, and the rules (linearised numerators) depend
+    only on ratios of a scope's sums (``num / den`` and ``den / ref``), so beta is
+    that of the unscaled sums, now without the underflow or overflow a plain cast of
+    ``1e-50`` or ``1e50`` to float32 would give. Zero and non-finite rows are left as
+    they are (the rule's guard handles them). A no-op when the dtypes agree.
+    """
+    if sums.dtype == dtype:
+        return sums
+    _, exponent = torch.frexp(sums.abs().amax(dim=-1, keepdim=True))
+    return torch.ldexp(sums, -exponent).to(dtype)
 
 
 def _foreach_powsum(
