@@ -247,6 +247,88 @@ def foreach_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [t.sum() for t in tensors]
 
 
+#: Elements of one chunk of the foreach kernels on the CPU. A chunk's scratch and the
+#: pieces of the state it reads (a few MiB in all) stay in the cache while the kernel
+#: makes its many elementwise passes over them; full-size temporaries would cost a
+#: trip to memory per pass and page faults (about 30 ms per 100 MB on a current CPU)
+#: at every step.
+CPU_CHUNK = 1 << 18
+
+#: One piece of a chunk: the index of the tensor it belongs to and its views, one per
+#: list (1-D views of contiguous tensors; a non-contiguous tensor is one whole piece).
+Piece = tuple[int, tuple[Tensor, ...]]
+
+
+def chunk_elements(device: torch.device, numel: int, n_scratch: int) -> int | None:
+    """The most elements of a chunk of the foreach kernels; ``None``: one chunk.
+
+    On the CPU :data:`CPU_CHUNK`. Elsewhere the chunks are as large as ``n_scratch``
+    scratch buffers of a chunk allow while taking no more memory than one buffer the
+    size of the ``numel`` parameters (as ``torch.optim.AdamW``'s foreach step takes),
+    so few kernel launches. Under ``torch.compile`` one chunk: the compiler fuses the
+    passes and plans the temporaries itself.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    if device.type == "cpu":
+        return CPU_CHUNK
+    return max(1, -(-numel // n_scratch))
+
+
+def chunks(lists: Sequence[Sequence[Tensor]], size: int | None) -> list[list[Piece]]:
+    """Aligned tensors (``lists[k][i]`` of the same shape) cut into chunks of pieces.
+
+    Each contiguous tensor is viewed as 1-D and cut into pieces of at most ``size``
+    elements; consecutive pieces are packed into chunks of at most ``size`` elements
+    (``size=None``: one chunk holding every tensor whole). A chunk is a list of
+    :data:`Piece`; nothing is copied.
+    """
+    out: list[list[Piece]] = []
+    current: list[Piece] = []
+    filled = 0
+    for i, tensors in enumerate(zip(*lists, strict=True)):
+        if not all(t.is_contiguous() for t in tensors):
+            parts = [tuple(tensors)]
+        elif size is None or tensors[0].numel() <= size:
+            parts = [tuple(t.view(-1) for t in tensors)]
+        else:
+            parts = list(zip(*(t.view(-1).split(size) for t in tensors), strict=True))
+        for part in parts:
+            numel = part[0].numel()
+            if current and size is not None and filled + numel > size:
+                out.append(current)
+                current, filled = [], 0
+            current.append((i, part))
+            filled += numel
+    if current:
+        out.append(current)
+    return out
+
+
+class Scratch:
+    """Flat buffers of a kernel, reused by each of its chunks (allocated when first used).
+
+    ``scratch(k, like)`` is buffer ``k`` seen as one tensor per tensor of ``like`` (a
+    chunk's pieces), of their shapes, in the scratch dtype.
+    """
+
+    def __init__(self, pieces: Sequence[Sequence[Piece]], dtype: torch.dtype) -> None:
+        first = pieces[0][0][1][0]
+        self.numel = max(sum(part[0].numel() for _, part in chunk) for chunk in pieces)
+        self.dtype, self.device = dtype, first.device
+        self._buffers: dict[int, Tensor] = {}
+
+    def __call__(self, k: int, like: Sequence[Tensor]) -> list[Tensor]:
+        buf = self._buffers.get(k)
+        if buf is None:
+            buf = self._buffers[k] = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        views, start = [], 0
+        for t in like:
+            views.append(buf[start : start + t.numel()].view(t.shape))
+            start += t.numel()
+        return views
+
+
 def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -> Any:
     """``rule(torch, stacked rows, ...)``; row by row when scopes differ in accumulation dtype.
 
@@ -269,6 +351,12 @@ def bias_corrections(steps: Sequence[Tensor], beta2: float) -> list[Tensor]:
     """
     s = torch.stack(list(steps)).to(torch.float64)
     return list((1.0 - torch.pow(beta2, s)).unbind())
+
+
+def bias_correction_roots(steps: Sequence[Tensor], beta2: float) -> list[Tensor]:
+    """``[sqrt(1 - beta2**step) for step in steps]``, as :func:`bias_corrections`."""
+    s = torch.stack(list(steps)).to(torch.float64)
+    return list((1.0 - torch.pow(beta2, s)).sqrt().unbind())
 
 
 def total(parts: Sequence[Tensor]) -> Tensor:
