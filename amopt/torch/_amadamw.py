@@ -21,7 +21,6 @@ from amopt.torch._common import (
     as_float,
     as_real,
     bias_correction_roots,
-    bias_corrections,
     check_fused_device,
     check_group_flags,
     check_lr,
@@ -698,7 +697,7 @@ def _single_tensor_am_adamw(
     ds = [as_real(t) for t in exp_avgs]
     vs = [as_real(t) for t in exp_avg_sqs]
     xs = [as_real(t) for t in params]
-    bias2 = bias_corrections(state_steps, beta2)
+    roots = bias_correction_roots(state_steps, beta2)  # sqrt(1 - beta2^t)
 
     # reduce: N, D, ref of each scope, with p = c (eps + sqrt(v_hat)) of the scope's c
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
@@ -711,17 +710,21 @@ def _single_tensor_am_adamw(
         nums, dens, refs = [], [], []
         for i in scope:
             g, d, x = gs[i], ds[i], xs[i]
-            # step 3, in float32 for half precision: v / (1 - beta2^t) overflows float16
+            # step 3, in float32 for half precision, and sqrt(v) first: v / (1 - beta2^t)
+            # overflows float16 (and float32 for |g| above about 1e19)
             op = accumulation_dtype([g.dtype])
             v_op = vs[i].to(op) if vs[i].dtype == op else _saturate(vs[i])
-            p = (v_op / bias2[i]).sqrt_().add_(eps).mul_(c.to(device=g.device, dtype=op))
+            p = v_op.sqrt().div_(roots[i]).add_(eps).mul_(c.to(device=g.device, dtype=op))
             ps[i] = p
-            # step 4, the weighted terms of algorithms.md in the accumulation dtype
+            # step 4, the weighted terms of algorithms.md in the accumulation dtype, each
+            # a ratio of size O(1) (g/p, u (d-g), w (d-g), w d, w g with p ~ |g|) times g,
+            # d, d-g or x, never g*g: no term underflows or overflows where g itself fits
             g_, d_, x_, p_ = (t.to(acc) for t in (g, d, x, p))
             u = 1.0 / (1.0 + lam * p_)
             w = u / p_
             v = d_ - g_
-            terms = [g_ * g_ / p_, u * v * v, g_ * d_ / p_, g_ * x_, d_ * x_]
+            ratio = g_ / p_
+            terms = [ratio * g_, u * v * v, ratio * d_, g_ * x_, d_ * x_]
             num = weights[0] * terms[0]
             for a_k, term in zip(weights[1:], terms[1:], strict=True):
                 if a_k != 0:

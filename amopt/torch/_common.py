@@ -185,8 +185,14 @@ def sqsum(t: Tensor, dtype: torch.dtype) -> Tensor:
 def dot(a: Tensor, b: Tensor) -> Tensor:
     """``sum(a * b)`` over every coordinate, in the dtype of ``a`` and ``b`` (0-d tensor).
 
-    One BLAS-style kernel and no temporary for 1-D tensors (the pieces of the foreach
-    kernels, see :func:`chunks`); a product and a sum otherwise.
+    One kernel and no temporary for 1-D tensors (the pieces of the foreach kernels,
+    see :func:`chunks`); a product and a sum otherwise. There is no ``_foreach_sum``,
+    and the multi-tensor stand-ins are slow on the CPU: measured on 8 tensors of 1M
+    float32 (1 thread), ``sum`` per tensor takes 0.65 ms, ``dot`` per tensor 0.87 ms,
+    ``_foreach_norm(ord=1)`` 4.1 ms and ``_foreach_powsum(order=1)`` 57 ms (against 0.94
+    ms for ``order=2``, which accumulates float32 sequentially per lane: a relative
+    error of 2e-6 on 1M positive terms and 3e-5 on 4M, where ``dot`` gives 1e-7 and
+    the pairwise ``sum`` 4e-8).
     """
     if a.dim() == 1 and b.dim() == 1:
         return torch.dot(a, b)
@@ -226,25 +232,9 @@ def _foreach_powsum(
 
 
 def foreach_sqsum(tensors: Sequence[Tensor], acc: torch.dtype) -> list[Tensor]:
-    """``[sum(t * t) for t in tensors]`` with one multi-tensor kernel, accumulated in ``acc``."""
+    """``[sum(t * t) for t in tensors]`` with one multi-tensor kernel, squared and
+    accumulated in ``acc`` (so ``acc=float64`` keeps the squares of float32 in range)."""
     return _foreach_powsum(tensors, 2, dtype=acc)
-
-
-def foreach_abssum(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """``[sum(t) for t in tensors]`` for non-negative tensors (see :func:`foreach_sum`)."""
-    return foreach_sum(tensors)
-
-
-def foreach_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """``[sum(t) for t in tensors]``, one reduction kernel per tensor.
-
-    There is no ``_foreach_sum``, and the multi-tensor stand-ins are slow on the CPU:
-    measured on 8 tensors of 1M float32 (1 thread), ``sum`` per tensor takes 0.65 ms,
-    ``_foreach_norm(ord=1)`` 4.1 ms and ``_foreach_powsum(order=1)`` 57 ms (against 0.94 ms
-    for ``order=2``); a signed sum through them also needs two clamped copies. One
-    ``sum`` per tensor costs a few microseconds of dispatch each and no temporaries.
-    """
-    return [t.sum() for t in tensors]
 
 
 #: Elements of one chunk of the foreach kernels on the CPU. A chunk's scratch and the
@@ -343,18 +333,14 @@ def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -
     return outs
 
 
-def bias_corrections(steps: Sequence[Tensor], beta2: float) -> list[Tensor]:
-    """``[1 - beta2**step for step in steps]`` as CPU float64 0-d tensors.
+def bias_correction_roots(steps: Sequence[Tensor], beta2: float) -> list[Tensor]:
+    """``[sqrt(1 - beta2**step) for step in steps]`` as CPU float64 0-d tensors.
 
     The step counters live on the CPU, so this never touches the device; the
-    0-d results act as scalars in the device kernels that use them.
+    0-d results act as scalars in the device kernels that use them. The square
+    root: ``sqrt(v) / sqrt(1 - beta2**t)``, as ``torch.optim.Adam`` forms it, stays
+    finite where ``v / (1 - beta2**t)`` overflows.
     """
-    s = torch.stack(list(steps)).to(torch.float64)
-    return list((1.0 - torch.pow(beta2, s)).unbind())
-
-
-def bias_correction_roots(steps: Sequence[Tensor], beta2: float) -> list[Tensor]:
-    """``[sqrt(1 - beta2**step) for step in steps]``, as :func:`bias_corrections`."""
     s = torch.stack(list(steps)).to(torch.float64)
     return list((1.0 - torch.pow(beta2, s)).sqrt().unbind())
 
