@@ -137,8 +137,10 @@ class AMAdamW(AMOptimizerBase):
     maximize : bool, default False
         Maximise the objective.
     foreach : bool or None, default None
-        ``True``: the multi-tensor (``torch._foreach_*``) implementation;
-        ``False``: the single-tensor reference.
+        ``True``: the multi-tensor (``torch._foreach_*``) implementation, run
+        chunk by chunk in scratch buffers the size of a chunk (no temporary the
+        size of the parameters; on the CPU the chunks stay in the cache);
+        ``False``: the single-tensor reference. Same iterates up to float rounding.
     fused : bool or None, default None
         Fused kernels: on the CPU, C kernels making two passes over memory per
         step (one reduction pass, one update pass) instead of the many passes
