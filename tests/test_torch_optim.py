@@ -108,6 +108,7 @@ def test_foreach_in_small_chunks_matches_single_tensor(case, chunk, monkeypatch)
     kwargs = info.kwargs(inp)
     single, betas_s, _, _ = run_torch(info, kwargs, prob, prob.x0(), N_STEPS, foreach=False)
     monkeypatch.setattr(common, "CPU_CHUNK", chunk)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # chunks of CPU_CHUNK elements
     multi, betas_m, _, _ = run_torch(info, kwargs, prob, prob.x0(), N_STEPS, foreach=True)
     assert_iterates_close(multi, single, FOREACH_TOL, "foreach (small chunks) vs single")
     np.testing.assert_allclose(betas_m, betas_s, rtol=FOREACH_TOL, atol=FOREACH_TOL)

@@ -237,11 +237,13 @@ def foreach_sqsum(tensors: Sequence[Tensor], acc: torch.dtype) -> list[Tensor]:
     return _foreach_powsum(tensors, 2, dtype=acc)
 
 
-#: Elements of one chunk of the foreach kernels on the CPU. A chunk's scratch and the
-#: pieces of the state it reads (a few MiB in all) stay in the cache while the kernel
-#: makes its many elementwise passes over them; full-size temporaries would cost a
-#: trip to memory per pass and page faults (about 30 ms per 100 MB on a current CPU)
-#: at every step.
+#: Elements of one chunk of the foreach kernels on the CPU, per torch thread. A chunk's
+#: scratch and the pieces of the state it reads (about 1 MiB each per thread) stay in
+#: the cache while the kernel makes its many elementwise passes over them; full-size
+#: temporaries would cost a trip to memory per pass and page faults (about 30 ms per
+#: 100 MB on a current CPU) at every step. Measured on 25M float32 parameters (AMD EPYC,
+#: 1 thread), AMAdamW's foreach step takes 135, 120, 113, 115, 157 and 186 ms with
+#: chunks of 2^16 to 2^21 elements.
 CPU_CHUNK = 1 << 18
 
 #: One piece of a chunk: the index of the tensor it belongs to and its views, one per
@@ -252,7 +254,8 @@ Piece = tuple[int, tuple[Tensor, ...]]
 def chunk_elements(device: torch.device, numel: int, n_scratch: int) -> int | None:
     """The most elements of a chunk of the foreach kernels; ``None``: one chunk.
 
-    On the CPU :data:`CPU_CHUNK`. Elsewhere the chunks are as large as ``n_scratch``
+    On the CPU :data:`CPU_CHUNK` per torch thread (each thread's share of an
+    elementwise pass stays the same). Elsewhere the chunks are as large as ``n_scratch``
     scratch buffers of a chunk allow while taking no more memory than one buffer the
     size of the ``numel`` parameters (as ``torch.optim.AdamW``'s foreach step takes),
     so few kernel launches. Under ``torch.compile`` one chunk: the compiler fuses the
@@ -261,7 +264,7 @@ def chunk_elements(device: torch.device, numel: int, n_scratch: int) -> int | No
     if torch.compiler.is_compiling():
         return None
     if device.type == "cpu":
-        return CPU_CHUNK
+        return CPU_CHUNK * max(1, torch.get_num_threads())
     return max(1, -(-numel // n_scratch))
 
 
