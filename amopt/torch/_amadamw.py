@@ -789,11 +789,11 @@ class _AdamKernels:
     and the rows ``num = sum_k a_k term_k`` (weights of :func:`amopt._rule.adam_weights`),
     ``den = D`` and ``ref = sum(w d^2) + sum(w g^2) = D + 2 K + 2 R_g`` (``d = y + g``;
     rounding ``O(eps ref)`` since ``|K| <= (D + R_g) / 2``). Each product pairs a ratio
-    of size ``O(1)`` (``g / p``, ``u y``, ``w y``, with ``p ~ |g|``) with ``g``, ``d``
-    or ``y``, so no term leaves the float32 range where ``g`` itself is in it (``g * g``
-    would below about 1e-19 and above about 1e19). ``u y * y`` may underflow for tiny
-    gradients, where its weight ``lam`` times ``p ~ |g|`` makes it negligible next to
-    ``g*g/p``.
+    of size ``O(1)`` (``g / p``, ``u g / p``, ``w y``, with ``p ~ |g|``) with ``g``,
+    ``d`` or ``y``, or is linear in the gradient (``g x``, ``d x``), so no term leaves
+    the float32 range where ``g`` itself is in it (``g * g`` would below about 1e-19
+    and above about 1e19). ``u y * y`` may underflow for tiny gradients, where its
+    weight ``lam`` times ``p ~ |g|`` makes it negligible next to ``g*g/p``.
     """
 
     def __init__(

@@ -232,8 +232,10 @@ def _foreach_powsum(
 
 
 def foreach_sqsum(tensors: Sequence[Tensor], acc: torch.dtype) -> list[Tensor]:
-    """``[sum(t * t) for t in tensors]`` with one multi-tensor kernel, squared and
-    accumulated in ``acc`` (so ``acc=float64`` keeps the squares of float32 in range)."""
+    """``[sum(t * t) for t in tensors]`` with one multi-tensor kernel, in ``acc``.
+
+    Each square is formed in ``acc``: ``acc=float64`` keeps those of float32 in range.
+    """
     return _foreach_powsum(tensors, 2, dtype=acc)
 
 
@@ -301,13 +303,15 @@ def chunks(lists: Sequence[Sequence[Tensor]], size: int | None) -> list[list[Pie
 class Scratch:
     """Flat buffers of a kernel, reused by each of its chunks (allocated when first used).
 
+    Each holds as many elements as the largest chunk of ``chunk_list`` (:func:`chunks`).
+
     ``scratch(k, like)`` is buffer ``k`` seen as one tensor per tensor of ``like`` (a
     chunk's pieces), of their shapes, in the scratch dtype.
     """
 
-    def __init__(self, pieces: Sequence[Sequence[Piece]], dtype: torch.dtype) -> None:
-        first = pieces[0][0][1][0]
-        self.numel = max(sum(part[0].numel() for _, part in chunk) for chunk in pieces)
+    def __init__(self, chunk_list: Sequence[Sequence[Piece]], dtype: torch.dtype) -> None:
+        first = chunk_list[0][0][1][0]
+        self.numel = max(sum(part[0].numel() for _, part in chunk) for chunk in chunk_list)
         self.dtype, self.device = dtype, first.device
         self._buffers: dict[int, Tensor] = {}
 
