@@ -96,6 +96,24 @@ def test_foreach_matches_single_tensor(case):
     np.testing.assert_allclose(betas_m, betas_s, rtol=FOREACH_TOL, atol=FOREACH_TOL)
 
 
+@pytest.mark.parametrize("chunk", [5, 12])
+@pytest.mark.parametrize("case", VALID, ids=case_id)
+def test_foreach_in_small_chunks_matches_single_tensor(case, chunk, monkeypatch):
+    """The CPU foreach kernels run chunk by chunk: tensors cut into pieces (a 12-element
+    tensor into 5 + 5 + 2) and pieces of several tensors packed into one chunk."""
+    import amopt.torch._common as common
+
+    info, inp = case
+    prob = _problem()
+    kwargs = info.kwargs(inp)
+    single, betas_s, _, _ = run_torch(info, kwargs, prob, prob.x0(), N_STEPS, foreach=False)
+    monkeypatch.setattr(common, "CPU_CHUNK", chunk)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # chunks of CPU_CHUNK elements
+    multi, betas_m, _, _ = run_torch(info, kwargs, prob, prob.x0(), N_STEPS, foreach=True)
+    assert_iterates_close(multi, single, FOREACH_TOL, "foreach (small chunks) vs single")
+    np.testing.assert_allclose(betas_m, betas_s, rtol=FOREACH_TOL, atol=FOREACH_TOL)
+
+
 @pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
 @pytest.mark.parametrize("case", VALID, ids=case_id)
 def test_matches_array_api_core(case, foreach):

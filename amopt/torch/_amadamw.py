@@ -15,18 +15,20 @@ from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
+    Piece,
+    Scratch,
     accumulation_dtype,
     as_float,
     as_real,
-    bias_corrections,
-    cast,
+    bias_correction_roots,
     check_fused_device,
     check_group_flags,
     check_lr,
     check_tensor_betas,
+    chunk_elements,
+    chunks,
     default_path,
-    foreach_abssum,
-    foreach_sum,
+    dot,
     new_step,
     real_dtype,
     rule_by_rows,
@@ -135,8 +137,10 @@ class AMAdamW(AMOptimizerBase):
     maximize : bool, default False
         Maximise the objective.
     foreach : bool or None, default None
-        ``True``: the multi-tensor (``torch._foreach_*``) implementation;
-        ``False``: the single-tensor reference.
+        ``True``: the multi-tensor (``torch._foreach_*``) implementation, run
+        chunk by chunk in scratch buffers the size of a chunk (no temporary the
+        size of the parameters; on the CPU the chunks stay in the cache);
+        ``False``: the single-tensor reference. Same iterates up to float rounding.
     fused : bool or None, default None
         Fused kernels: on the CPU, C kernels making two passes over memory per
         step (one reduction pass, one update pass) instead of the many passes
@@ -695,7 +699,7 @@ def _single_tensor_am_adamw(
     ds = [as_real(t) for t in exp_avgs]
     vs = [as_real(t) for t in exp_avg_sqs]
     xs = [as_real(t) for t in params]
-    bias2 = bias_corrections(state_steps, beta2)
+    roots = bias_correction_roots(state_steps, beta2)  # sqrt(1 - beta2^t)
 
     # reduce: N, D, ref of each scope, with p = c (eps + sqrt(v_hat)) of the scope's c
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
@@ -708,17 +712,21 @@ def _single_tensor_am_adamw(
         nums, dens, refs = [], [], []
         for i in scope:
             g, d, x = gs[i], ds[i], xs[i]
-            # step 3, in float32 for half precision: v / (1 - beta2^t) overflows float16
+            # step 3, in float32 for half precision, and sqrt(v) first: v / (1 - beta2^t)
+            # overflows float16 (and float32 for |g| above about 1e19)
             op = accumulation_dtype([g.dtype])
             v_op = vs[i].to(op) if vs[i].dtype == op else _saturate(vs[i])
-            p = (v_op / bias2[i]).sqrt_().add_(eps).mul_(c.to(device=g.device, dtype=op))
+            p = v_op.sqrt().div_(roots[i]).add_(eps).mul_(c.to(device=g.device, dtype=op))
             ps[i] = p
-            # step 4, the weighted terms of algorithms.md in the accumulation dtype
+            # step 4, the weighted terms of algorithms.md in the accumulation dtype, each
+            # a ratio of size O(1) (g/p, u (d-g), w (d-g), w d, w g with p ~ |g|) times g,
+            # d, d-g or x, never g*g: no term underflows or overflows where g itself fits
             g_, d_, x_, p_ = (t.to(acc) for t in (g, d, x, p))
             u = 1.0 / (1.0 + lam * p_)
             w = u / p_
             v = d_ - g_
-            terms = [g_ * g_ / p_, u * v * v, g_ * d_ / p_, g_ * x_, d_ * x_]
+            ratio = g_ / p_
+            terms = [ratio * g_, u * v * v, ratio * d_, g_ * x_, d_ * x_]
             num = weights[0] * terms[0]
             for a_k, term in zip(weights[1:], terms[1:], strict=True):
                 if a_k != 0:
@@ -762,6 +770,176 @@ def _single_tensor_am_adamw(
     return betas, out_prods
 
 
+class _AdamKernels:
+    """The foreach reduce and apply kernels of one (device, dtype) bucket, chunk by chunk.
+
+    The bucket's tensors are cut into chunks (:func:`~amopt.torch._common.chunks`);
+    every elementwise pass runs on one chunk at a time, in a few scratch buffers the
+    size of a chunk (:class:`~amopt.torch._common.Scratch`), so that a step allocates
+    no parameter-sized temporary and, on the CPU, each chunk's passes run in the
+    cache. ``p`` is formed again in the apply pass rather than kept.
+
+    The sums come from dot products of two vectors each, in the reduce dtype ``rd``:
+    with ``G = g / p``, ``y = d - g``, ``u = 1 / (1 + lam p)``,
+
+    ``A = <G, g>`` (``g*g/p``), ``C = <G, d>`` (``g*d/p``), ``E = <g, x>``,
+    ``F = <d, x>``, ``B = <u y, y>`` (``u*(d-g)^2``), ``R_g = <u G, g>`` (``w g^2``),
+    ``D = <w y, y>`` (``w (d-g)^2``) and ``K = <w y, g>``,
+
+    and the rows ``num = sum_k a_k term_k`` (weights of :func:`amopt._rule.adam_weights`),
+    ``den = D`` and ``ref = sum(w d^2) + sum(w g^2) = D + 2 K + 2 R_g`` (``d = y + g``;
+    rounding ``O(eps ref)`` since ``|K| <= (D + R_g) / 2``). Each product pairs a ratio
+    of size ``O(1)`` (``g / p``, ``u g / p``, ``w y``, with ``p ~ |g|``) with ``g``,
+    ``d`` or ``y``, or is linear in the gradient (``g x``, ``d x``), so no term leaves
+    the float32 range where ``g`` itself is in it (``g * g`` would below about 1e-19
+    and above about 1e19). ``u y * y`` may underflow for tiny gradients, where its
+    weight ``lam`` times ``p ~ |g|`` makes it negligible next to ``g*g/p``.
+    """
+
+    def __init__(
+        self,
+        lists: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]],
+        c: list[Tensor],
+        roots: list[Tensor],
+        *,
+        eps: float,
+        lam: float,
+        reduce_dtype: torch.dtype,
+    ) -> None:
+        xs, gs = lists[0], lists[1]
+        self.dtype = gs[0].dtype
+        self.op = accumulation_dtype([self.dtype])  # elementwise: float32 for half precision
+        self.rd = reduce_dtype
+        n_scratch = 4 + (3 if self.dtype != self.op else 0) + (4 if self.rd != self.op else 0)
+        size = chunk_elements(gs[0].device, sum(t.numel() for t in xs), n_scratch)
+        self.chunks = chunks(lists, size)
+        self.c, self.roots, self.eps, self.lam = c, roots, eps, lam
+        self.op_scratch = Scratch(self.chunks, self.op)
+        self.rd_scratch = self.op_scratch if self.rd == self.op else Scratch(self.chunks, self.rd)
+
+    def _pieces(self, chunk: list[Piece]) -> tuple[list[int], list[list[Tensor]]]:
+        owners = [i for i, _ in chunk]
+        return owners, [list(ts) for ts in zip(*(part for _, part in chunk), strict=True)]
+
+    def _in(self, scratch: Scratch, k: int, tensors: list[Tensor]) -> list[Tensor]:
+        """``tensors`` in the scratch dtype: themselves, or a copy in buffer ``k``."""
+        if tensors[0].dtype == scratch.dtype:
+            return tensors
+        out = scratch(k, tensors)
+        torch._foreach_copy_(out, tensors)
+        return out
+
+    def _precondition(self, owners: list[int], vs: list[Tensor]) -> list[Tensor]:
+        """Step 3, ``p = c (eps + sqrt(v) / sqrt(1 - beta2^t))``, in the elementwise dtype."""
+        p = self.op_scratch(0, vs)
+        torch._foreach_copy_(p, vs)
+        if vs[0].dtype != self.op:  # half precision: an overflowed v = inf saturates
+            torch._foreach_clamp_max_(p, torch.finfo(vs[0].dtype).max)
+        torch._foreach_sqrt_(p)  # sqrt(v) first: v / (1 - beta2^t) may overflow
+        torch._foreach_div_(p, [self.roots[i] for i in owners])
+        torch._foreach_add_(p, self.eps)
+        torch._foreach_mul_(p, [self.c[i] for i in owners])
+        return p
+
+    def reduce(self, beta2: float, weights: tuple[float, ...]) -> Tensor:
+        """Steps 1, 3 and 4: updates ``v``; the sums ``(num, den, ref)`` of each tensor."""
+        lam, rd_scr = self.lam, self.rd_scratch
+        a0, a1, a2, a3, a4 = weights
+        parts: dict[int, list[Tensor]] = {}
+        for chunk in self.chunks:
+            owners, (xs, gs, ds, vs) = self._pieces(chunk)
+            torch._foreach_mul_(vs, beta2)  # step 1
+            torch._foreach_addcmul_(vs, gs, gs, 1 - beta2)
+            p = self._precondition(owners, vs)
+            p, g, d, x = (
+                self._in(rd_scr, 4, p),
+                *(self._in(rd_scr, k, ts) for k, ts in ((5, gs), (6, ds), (7, xs))),
+            )
+            ratio, y, wy = rd_scr(1, gs), rd_scr(2, gs), rd_scr(3, gs)
+            torch._foreach_copy_(ratio, g)
+            torch._foreach_div_(ratio, p)  # g / p
+            torch._foreach_copy_(y, d)
+            torch._foreach_sub_(y, g)  # y = d - g
+            cols: list[list[Tensor]] = []
+            for j in range(len(chunk)):
+                row = [dot(ratio[j], g[j])]  # A
+                if a2 != 0:
+                    row.append(dot(ratio[j], d[j]))  # C
+                if a3 != 0:
+                    row.append(dot(g[j], x[j]))  # E
+                if a4 != 0:
+                    row.append(dot(d[j], x[j]))  # F
+                cols.append(row)
+            if lam != 0:
+                torch._foreach_copy_(wy, p)
+                torch._foreach_mul_(wy, lam)
+                torch._foreach_add_(wy, 1.0)
+                torch._foreach_reciprocal_(wy)  # u
+                torch._foreach_mul_(ratio, wy)  # u g / p = w g
+                torch._foreach_mul_(wy, y)  # u y
+                for j, row in enumerate(cols):
+                    row += [dot(wy[j], y[j]), dot(ratio[j], g[j])]  # B, R_g
+                torch._foreach_div_(wy, p)  # w y
+            else:  # u = 1, w = 1/p: R_g = A, and B has weight -lam = 0
+                torch._foreach_copy_(wy, y)
+                torch._foreach_div_(wy, p)
+            for j, row in enumerate(cols):
+                row += [dot(wy[j], y[j]), dot(wy[j], g[j])]  # D, K
+                parts.setdefault(owners[j], []).append(torch.stack(row))
+        sums = torch.stack(
+            [ps[0] if len(ps) == 1 else torch.stack(ps).sum(0) for ps in parts.values()]
+        )
+        k = 1
+        num = sums[:, 0] if a0 == 1.0 else a0 * sums[:, 0]
+        for a_k in (a2, a3, a4):
+            if a_k != 0:
+                num = num + a_k * sums[:, k]
+                k += 1
+        if lam != 0:
+            num = num + a1 * sums[:, k]
+            r_g = sums[:, k + 1]
+            k += 2
+        else:
+            r_g = sums[:, 0]
+        den, cross = sums[:, k], sums[:, k + 1]
+        return torch.stack([num, den, den + 2.0 * cross + 2.0 * r_g], -1)
+
+    def apply(
+        self, one_minus_beta: list[Tensor], *, lr: float, weight_decay: float, mode: str
+    ) -> None:
+        """Steps 6 and 7 with ``1 - beta`` of each tensor, in the elementwise dtype.
+
+        ``d = g + (beta + lam p)/(1 + lam p) (d - g)`` is ``lerp(d, g, (1 - beta) u)``.
+        """
+        scr = self.op_scratch
+        for chunk in self.chunks:
+            owners, (xs, gs, ds, vs) = self._pieces(chunk)
+            p = self._precondition(owners, vs)
+            g, d, x = (self._in(scr, k, ts) for k, ts in ((5, gs), (6, ds), (7, xs)))
+            weight = scr(1, gs)
+            if self.lam != 0:
+                torch._foreach_copy_(weight, p)
+                torch._foreach_mul_(weight, self.lam)
+                torch._foreach_add_(weight, 1.0)
+                torch._foreach_reciprocal_(weight)  # u
+                torch._foreach_mul_(weight, [one_minus_beta[i] for i in owners])
+            else:
+                torch._foreach_zero_(weight)
+                torch._foreach_add_(weight, [one_minus_beta[i] for i in owners])
+            torch._foreach_lerp_(d, g, weight)  # step 6
+            if mode == "proximal":  # step 7
+                torch._foreach_addcdiv_(x, d, p, value=-lr)
+                if weight_decay != 0:
+                    torch._foreach_div_(x, 1.0 + lr * weight_decay)
+            else:
+                if weight_decay != 0:
+                    torch._foreach_mul_(x, 1.0 - lr * weight_decay)
+                torch._foreach_addcdiv_(x, d, p, value=-lr)
+            if d is not ds:  # half precision: store back in the parameter dtype
+                torch._foreach_copy_(ds, d)
+                torch._foreach_copy_(xs, x)
+
+
 def _multi_tensor_am_adamw(
     params: list[Tensor],
     grads: list[Tensor],
@@ -792,7 +970,7 @@ def _multi_tensor_am_adamw(
         with_indices=True,
     )
 
-    # reduce, per (device, dtype) bucket: moments, preconditioner, the sums
+    # reduce, per (device, dtype) bucket: v, then the sums of each tensor
     buckets = []
     for (
         dev_params_,
@@ -810,129 +988,58 @@ def _multi_tensor_am_adamw(
             dev_grads = list(torch._foreach_add(dev_grads_, dev_params, alpha=weight_decay))
         else:
             dev_grads = list(dev_grads_)
-        dev_params = [as_real(t) for t in dev_params]
-        dev_grads = [as_real(t) for t in dev_grads]
-        dev_d = [as_real(t) for t in dev_exp_avgs_]
-        dev_v = [as_real(t) for t in dev_exp_avg_sqs_]
         dev_steps = list(dev_steps_)
-        device, dtype = dev_grads[0].device, dev_grads[0].dtype
-
         torch._foreach_add_(dev_steps, torch.tensor(1.0), alpha=1.0)
-        torch._foreach_mul_(dev_v, beta2)  # step 1
-        torch._foreach_addcmul_(dev_v, dev_grads, dev_grads, 1 - beta2)
-
-        acc = accumulation_dtype([dtype]) if per_layer else scope_acc
+        lists = tuple(
+            [as_real(t) for t in ts]
+            for ts in (dev_params, dev_grads, dev_exp_avgs_, dev_exp_avg_sqs_)
+        )
+        device, dtype = lists[1][0].device, lists[1][0].dtype
         op = accumulation_dtype([dtype])  # elementwise dtype: float32 for half precision
+        acc = op if per_layer else scope_acc
         if per_layer:
             prods = torch.stack([beta1_prods[k].to(device) for k in indices]).to(acc)
-            c = _rule.adam_correction(prods, config)  # step 2, one per tensor
-            c_cast: Tensor | list[Tensor] = list(c.to(op).unbind())
+            c = list(_rule.adam_correction(prods, config).to(op).unbind())  # step 2, per tensor
         else:
             prods = scope_prod
-            c = _rule.adam_correction(prods, config)
-            c_cast = c.to(device=device, dtype=op, non_blocking=True)
-        v_op = dev_v if dtype == op else [_saturate(t) for t in dev_v]
-        p = torch._foreach_div(v_op, bias_corrections(dev_steps, beta2))  # step 3
-        torch._foreach_sqrt_(p)
-        torch._foreach_add_(p, eps)
-        torch._foreach_mul_(p, c_cast)
-
-        # step 4: the weighted terms of algorithms.md, in the accumulation dtype
-        g_, d_, x_, p_ = (cast(t, acc) for t in (dev_grads, dev_d, dev_params, p))
-        u = torch._foreach_mul(p_, lam)
-        torch._foreach_add_(u, 1.0)
-        torch._foreach_reciprocal_(u)  # u = 1 / (1 + lam p)
-        w = torch._foreach_div(u, p_)
-        v = torch._foreach_sub(d_, g_)
-        terms = torch._foreach_mul(g_, g_)
-        torch._foreach_div_(terms, p_)  # g^2 / p
-        if weights[0] != 1.0:
-            torch._foreach_mul_(terms, weights[0])
-        if weights[1] != 0:
-            uvv = torch._foreach_mul(u, weights[1])
-            torch._foreach_mul_(uvv, v)
-            torch._foreach_mul_(uvv, v)
-            torch._foreach_add_(terms, uvv)
-            del uvv
-        del u
-        if weights[2] != 0:
-            a = torch._foreach_mul(g_, weights[2])
-            torch._foreach_mul_(a, d_)
-            torch._foreach_div_(a, p_)
-            torch._foreach_add_(terms, a)
-            del a
-        if weights[3] != 0:
-            b = torch._foreach_mul(g_, weights[3])
-            torch._foreach_mul_(b, x_)
-            torch._foreach_add_(terms, b)
-            del b
-        if weights[4] != 0:
-            e = torch._foreach_mul(d_, weights[4])
-            torch._foreach_mul_(e, x_)
-            torch._foreach_add_(terms, e)
-            del e
-        nums = foreach_sum(terms)
-        del terms
-        wvv = torch._foreach_mul(w, v)
-        torch._foreach_mul_(wvv, v)  # w (d-g)^2
-        dens = foreach_abssum(wvv)
-        wdd = torch._foreach_mul(w, d_)
-        torch._foreach_mul_(wdd, d_)
-        wgg = torch._foreach_mul(w, g_)
-        torch._foreach_mul_(wgg, g_)
-        refs = list(torch._foreach_add(foreach_abssum(wdd), foreach_abssum(wgg)))
-        del v, w, wvv, wdd, wgg, g_, d_, x_, p_
-        buckets.append((dev_params, dev_grads, dev_d, p, indices, prods, nums, dens, refs))
+            c_scope = _rule.adam_correction(prods, config)
+            c = [c_scope.to(device=device, dtype=op, non_blocking=True)] * len(indices)
+        kernels = _AdamKernels(
+            lists, c, bias_correction_roots(dev_steps, beta2), eps=eps, lam=lam, reduce_dtype=acc
+        )
+        sums = kernels.reduce(beta2, weights)
+        buckets.append((kernels, indices, prods, sums))
 
     # rule (step 5, and 8): beta per tensor (vectorised per bucket) or one over all buckets
     betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
     new_prods: list[Tensor] = [params[0]] * n
-    coefs: list[Tensor | list[Tensor]] = []
     if per_layer:
-        bucket_sums = [torch.stack([torch.stack(b[c]) for c in (6, 7, 8)], -1) for b in buckets]
+        bucket_sums = [b[3] for b in buckets]
     else:
-        bucket_sums = [torch.stack([total([t for b in buckets for t in b[c]]) for c in (6, 7, 8)])]
+        device = buckets[0][3].device
+        rows = [b[3].sum(0).to(device, non_blocking=True) for b in buckets]
+        bucket_sums = [rows[0] if len(rows) == 1 else torch.stack(rows).sum(0)]
     # sharded scopes: add the sums of all ranks
-    bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[4] for b in buckets])
+    bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[1] for b in buckets])
+    steps: list[tuple[_AdamKernels, list[Tensor]]] = []
     if per_layer:
-        for (_, _, _, p, indices, prods, *_), sums in zip(buckets, bucket_sums, strict=True):
+        for (kernels, indices, prods, _), sums in zip(buckets, bucket_sums, strict=True):
             beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
             prod = prods * beta
             for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
                 betas[k] = b
                 new_prods[k] = pr
-            coefs.append(list(beta.to(p[0].dtype).unbind()))
+            steps.append((kernels, list((1.0 - beta).to(kernels.op).unbind())))
     else:
         beta = _rule.adam_beta(torch, bucket_sums[0], config, lr=lr, weight_decay=wd)
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
-        coefs = [
-            [beta.to(device=b[3][0].device, dtype=b[3][0].dtype, non_blocking=True)] * len(b[3])
-            for b in buckets
-        ]
+        for kernels, indices, *_ in buckets:
+            device = kernels.chunks[0][0][1][0].device
+            one_minus = (1.0 - beta).to(device=device, dtype=kernels.op, non_blocking=True)
+            steps.append((kernels, [one_minus] * len(indices)))
 
-    # apply: steps 6 and 7, in p's dtype (float32 for half precision), stored in the param dtype
-    for (params_low, grads_low, d_low, p, *_), b in zip(buckets, coefs, strict=True):
-        dev_params, dev_grads, dev_d = (
-            cast(t, p[0].dtype) for t in (params_low, grads_low, d_low)
-        )
-        lam_p = torch._foreach_mul(p, lam)
-        coef = torch._foreach_add(lam_p, b)
-        torch._foreach_add_(lam_p, 1.0)
-        torch._foreach_div_(coef, lam_p)  # (beta + lam p) / (1 + lam p)
-        del lam_p
-        torch._foreach_sub_(dev_d, dev_grads)
-        torch._foreach_mul_(dev_d, coef)
-        torch._foreach_add_(dev_d, dev_grads)
-        if weight_decay_mode == "proximal":
-            torch._foreach_addcdiv_(dev_params, dev_d, p, value=-lr)
-            if wd != 0:
-                torch._foreach_div_(dev_params, 1.0 + lr * wd)
-        else:
-            if wd != 0:
-                torch._foreach_mul_(dev_params, 1.0 - lr * wd)
-            torch._foreach_addcdiv_(dev_params, dev_d, p, value=-lr)
-        if dev_d[0] is not d_low[0]:
-            torch._foreach_copy_(d_low, dev_d)
-            torch._foreach_copy_(params_low, dev_params)
+    # apply: steps 6 and 7, in the elementwise dtype, stored in the param dtype
+    for kernels, one_minus_beta in steps:
+        kernels.apply(one_minus_beta, lr=lr, weight_decay=wd, mode=weight_decay_mode)
     return betas, new_prods

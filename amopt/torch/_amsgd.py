@@ -23,16 +23,18 @@ from amopt.torch._common import (
     check_group_flags,
     check_lr,
     default_path,
-    dot,
     foreach_sqsum,
     new_step,
     real_dtype,
     rule_by_rows,
     rule_config,
+    scope_sums,
+    sqsum,
     total,
     triton_module,
     unscale,
     warn_path_fallback,
+    wide_dtype,
 )
 from amopt.torch._fused import warn_fallback
 
@@ -590,19 +592,21 @@ def _single_tensor_amsgd(
 
     # reduce: <v,v>, <g,g>, <d,d> of each scope (the buffers hold v = d - g afterwards)
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
-    rows = []
+    rows, accs = [], []
     for scope in scopes:
-        acc = accumulation_dtype(gs[i].dtype for i in scope)
+        accs.append(accumulation_dtype(gs[i].dtype for i in scope))
+        wide = wide_dtype(gs[scope[0]].device)  # squares in float64: no underflow, no overflow
         gg_parts, dd_parts, vv_parts = [], [], []
         for i in scope:
             g, d = gs[i], ds[i]
-            gg_parts.append(dot(g, g, acc))
-            dd_parts.append(dot(d, d, acc))
+            gg_parts.append(sqsum(g, wide))
+            dd_parts.append(sqsum(d, wide))
             d.sub_(g)
-            vv_parts.append(dot(d, d, acc))
+            vv_parts.append(sqsum(d, wide))
         rows.append(torch.stack([total(vv_parts), total(gg_parts), total(dd_parts)]))
 
     rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
+    rows = [scope_sums(row, acc) for row, acc in zip(rows, accs, strict=True)]
 
     # rule
     beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config)
@@ -668,11 +672,11 @@ def _multi_tensor_amsgd(
         dev_params = [as_real(t) for t in dev_params]
         dev_grads = [as_real(t) for t in dev_grads]
         dev_bufs = [as_real(t) for t in dev_bufs]
-        acc = accumulation_dtype([dev_grads[0].dtype]) if per_layer else scope_acc
-        gg = foreach_sqsum(dev_grads, acc)
-        dd = foreach_sqsum(dev_bufs, acc)
+        wide = wide_dtype(dev_grads[0].device)  # squares in float64: no underflow, no overflow
+        gg = foreach_sqsum(dev_grads, wide)
+        dd = foreach_sqsum(dev_bufs, wide)
         torch._foreach_sub_(dev_bufs, dev_grads)  # the buffers now hold v = d - g
-        vv = foreach_sqsum(dev_bufs, acc)
+        vv = foreach_sqsum(dev_bufs, wide)
         buckets.append((dev_params, dev_grads, dev_bufs, indices, gg, dd, vv))
 
     # rule: one beta per tensor (vectorised per bucket) or one over all buckets
@@ -691,12 +695,14 @@ def _multi_tensor_amsgd(
     bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[3] for b in buckets])
     if per_layer:
         for (_, dev_grads, _, indices, *_), sums in zip(buckets, bucket_sums, strict=True):
+            sums = scope_sums(sums, accumulation_dtype([dev_grads[0].dtype]))
             beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
                 betas[k] = b
             coefs.append(list(gamma.to(accumulation_dtype([dev_grads[0].dtype])).unbind()))
     else:
-        beta, gamma = _rule.momentum_beta(torch, bucket_sums[0], config)
+        sums = scope_sums(bucket_sums[0], scope_acc)
+        beta, gamma = _rule.momentum_beta(torch, sums, config)
         betas = [beta] * n
         coefs = [
             gamma.to(
