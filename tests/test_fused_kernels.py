@@ -29,6 +29,13 @@ from amopt import _rule  # noqa: E402
 from amopt._config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdamW, _fused  # noqa: E402
 from amopt.torch._amadamw import _fused_am_adamw  # noqa: E402
+from amopt.torch._common import (  # noqa: E402
+    AdamHyper,
+    AdamTensors,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+)
 
 if _fused.library() is None:
     pytest.skip(
@@ -282,10 +289,14 @@ ADAM_HYPER = {
 def _adam_steps(group, grads_at, n_steps, per_layer=True, **extra):
     cfg = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=per_layer)
     x, _, d, v, steps, prods = group
+    amp = Scaler(**{k: extra.pop(k) for k in ("grad_scale", "found_inf") if k in extra})
     out = None
     for t in range(n_steps):
         out = _fused.fused_am_adamw(
-            x, grads_at(t), d, v, steps, prods, **ADAM_HYPER, config=cfg, **extra
+            AdamTensors(x, grads_at(t), d, v, steps, prods),
+            AdamHyper(**ADAM_HYPER, config=cfg),
+            amp,
+            **extra,
         )
         if out is not None and not isinstance(out, str):
             prods = out[1]
@@ -334,7 +345,9 @@ def test_the_rule_is_looked_up_at_call_time(monkeypatch, per_layer):
     x0 = [t.clone() for t in x]
     cfg = AMConfig.cached(lam=0.0, beta_max=0.9, numerator="linear", per_layer=per_layer)
     hyper = {**ADAM_HYPER, "weight_decay": 0.0}
-    betas, new_prods = _fused.fused_am_adamw(x, g, d, v, steps, prods, **hyper, config=cfg)
+    betas, new_prods = _fused.fused_am_adamw(
+        AdamTensors(x, g, d, v, steps, prods), AdamHyper(**hyper, config=cfg)
+    )
     assert [float(b) for b in betas] == [0.25, 0.25]
     assert [float(p) for p in new_prods] == [0.25, 0.25]
     assert seen and all(shape[-1] == 3 for shape in seen)  # recorded or run per chunk
@@ -388,7 +401,9 @@ def _sgd_steps(sizes, n_steps, scale=1.0, per_layer=False, **extra):
     for t in range(n_steps):
         grads = [scale * g for g in _grads_at(sizes)(t)]
         betas = _fused.fused_amsgd(
-            xs, grads, bufs, steps, lr=0.05, weight_decay=0.01, maximize=False, config=cfg, **extra
+            SGDTensors(xs, grads, bufs, steps),
+            SGDHyper(lr=0.05, weight_decay=0.01, maximize=False, config=cfg),
+            Scaler(**extra),
         )
     return xs, bufs, steps, betas
 
@@ -421,9 +436,10 @@ def test_fallback_unscales_the_gradients(monkeypatch):
         d, v = [torch.zeros(12, dtype=torch.float64)], [torch.zeros(12, dtype=torch.float64)]
         steps, prods = [torch.zeros(())], [torch.ones((), dtype=torch.float64)]
         cfg = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=True)
-        extra = {} if scale is None else {"grad_scale": torch.tensor(scale)}
+        amp = Scaler(None if scale is None else torch.tensor(scale))
         with pytest.warns(_fused.FusedFallbackWarning, match="contiguous"):
-            _fused_am_adamw(x, g, d, v, steps, prods, **ADAM_HYPER, config=cfg, **extra)
+            _fused_am_adamw(AdamTensors(x, g, d, v, steps, prods),
+                            AdamHyper(**ADAM_HYPER, config=cfg), amp, None)  # fmt: skip
         monkeypatch.setattr(_fused, "_warned", set())
         runs.append((x[0].clone(), d[0].clone()))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
@@ -650,8 +666,9 @@ def test_sums_of_sharded_scopes_are_combined_between_reduce_and_rule(monkeypatch
     plain, synced = _adam_group(sizes), _adam_group(sizes)
     sync = _DoubleSums()
     grads = _grads_at(sizes)(0)
-    _fused.fused_am_adamw(*plain[:1], grads, *plain[2:], **ADAM_HYPER, config=cfg)
-    _fused.fused_am_adamw(*synced[:1], grads, *synced[2:], **ADAM_HYPER, config=cfg, sync=sync)
+    hyper = AdamHyper(**ADAM_HYPER, config=cfg)
+    _fused.fused_am_adamw(AdamTensors(*plain[:1], grads, *plain[2:]), hyper)
+    _fused.fused_am_adamw(AdamTensors(*synced[:1], grads, *synced[2:]), hyper, sync=sync)
     local, combined = torch.cat([s.reshape(-1, 3) for s in seen[:-1]]), seen[-1].reshape(-1, 3)
     torch.testing.assert_close(combined, 2 * local, rtol=0, atol=0)
     rows = (3, 3) if per_layer else (3,)

@@ -31,6 +31,13 @@ from amopt import _rule  # noqa: E402
 from amopt._config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
+from amopt.torch._common import (  # noqa: E402
+    AdamHyper,
+    AdamTensors,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+)
 
 INTERPRET = not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in (
     "",
@@ -184,6 +191,19 @@ def _config(beta_max, per_layer):
     return AMConfig(lam=LAM, beta_max=beta_max, per_layer=per_layer, numerator="linear")
 
 
+def _sgd(params, grads, bufs, steps, *, config, grad_scale=None, found_inf=None, **hyper):
+    """``triton_amsgd`` called with the optimizers' keywords."""
+    t = SGDTensors(params, grads, bufs, steps)
+    return tri.triton_amsgd(t, SGDHyper(config=config, **hyper), Scaler(grad_scale, found_inf))
+
+
+def _adam(params, grads, d, v, steps, prods, *, config, grad_scale=None, found_inf=None, **hyper):
+    """``triton_am_adamw`` called with the optimizers' keywords."""
+    t = AdamTensors(params, grads, d, v, steps, prods)
+    h = AdamHyper(config=config, **hyper)
+    return tri.triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
+
+
 class TritonSGD:
     """The functional driver with its own state lists."""
 
@@ -196,9 +216,7 @@ class TritonSGD:
 
     def step(self, grads, **scaler):
         grads = [g.clone() for g in grads]
-        return tri.triton_amsgd(
-            self.x, grads, self.d, self.steps, config=self.config, **self.kw, **scaler
-        )
+        return _sgd(self.x, grads, self.d, self.steps, config=self.config, **self.kw, **scaler)
 
 
 class TritonAdam:
@@ -220,7 +238,7 @@ class TritonAdam:
 
     def step(self, grads, **scaler):
         grads = [g.clone() for g in grads]
-        betas, self.prods = tri.triton_am_adamw(
+        betas, self.prods = _adam(
             self.x, grads, self.d, self.v, self.steps, self.prods, config=self.config,
             **self.kw, **scaler,
         )  # fmt: skip
@@ -642,27 +660,27 @@ def test_argument_errors():
     xs = _tensors([(3,)], torch.float32, 0)
     run = TritonAdam(xs)
     with pytest.raises(ValueError, match=r"grads\[0\] has shape \(4,\)"):
-        tri.triton_am_adamw(
+        _adam(
             run.x, [torch.zeros(4, device=DEVICE)], run.d, run.v, run.steps, run.prods,
             config=run.config, **run.kw,
         )  # fmt: skip
     with pytest.raises(ValueError, match="weight_decay_mode"):
-        tri.triton_am_adamw(
+        _adam(
             run.x, xs, run.d, run.v, run.steps, run.prods, config=run.config,
             **{**run.kw, "weight_decay_mode": "l1"},
         )  # fmt: skip
     with pytest.raises(TypeError, match="config must be an AMConfig"):
-        tri.triton_amsgd(run.x, xs, [None], run.steps, lr=0.1, weight_decay=0.0,
+        _sgd(run.x, xs, [None], run.steps, lr=0.1, weight_decay=0.0,
                          maximize=False, config={"lam": 0.1})  # fmt: skip
     with pytest.raises(ValueError, match="cannot run on these tensors: dtype torch.int32"):
         int32 = torch.zeros(3, dtype=torch.int32, device=DEVICE)
-        tri.triton_amsgd([int32], [int32.clone()],
+        _sgd([int32], [int32.clone()],
                          [None], [torch.zeros(())], lr=0.1, weight_decay=0.0, maximize=False,
                          config=_config(0.9, False))  # fmt: skip
     with pytest.raises(ValueError, match="momentum_buffer_list has 2 entries for 1 parameters"):
-        tri.triton_amsgd(run.x, xs, [None, None], run.steps, lr=0.1, weight_decay=0.0,
+        _sgd(run.x, xs, [None, None], run.steps, lr=0.1, weight_decay=0.0,
                          maximize=False, config=_config(0.9, False))  # fmt: skip
-    assert tri.triton_amsgd([], [], [], [], lr=0.1, weight_decay=0.0, maximize=False,
+    assert _sgd([], [], [], [], lr=0.1, weight_decay=0.0, maximize=False,
                             config=_config(0.9, False)) == []  # fmt: skip
 
 

@@ -90,6 +90,7 @@ class GpuAdamCase:
         import torch
 
         from amopt._config import AMConfig
+        from amopt.torch._common import AdamHyper, AdamTensors
         from amopt.torch._triton import triton_am_adamw
 
         if kind not in ("am_adamw_triton", "adamw_fused"):
@@ -118,7 +119,7 @@ class GpuAdamCase:
                 "beta1_prods": [torch.ones((), device="cuda") for _ in self.params],
             }
             config = AMConfig.cached(lam=0.1, beta_max=0.9, numerator="linear", per_layer=True)
-            hyper = dict(
+            hyper = AdamHyper(
                 lr=1e-3,
                 beta2=0.999,
                 eps=1e-8,
@@ -130,7 +131,7 @@ class GpuAdamCase:
 
             def step() -> None:
                 with torch.no_grad():
-                    _, lists["beta1_prods"] = triton_am_adamw(**lists, **hyper)
+                    _, lists["beta1_prods"] = triton_am_adamw(AdamTensors(**lists), hyper)
 
             self._step = step
 

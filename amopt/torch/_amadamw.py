@@ -13,9 +13,12 @@ from amopt import _rule
 from amopt._config import AMConfig, check_choice, check_interval
 from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
+    AdamHyper,
+    AdamTensors,
     AMOptimizerBase,
     InfSkip,
     Piece,
+    Scaler,
     Scratch,
     accumulation_dtype,
     as_float,
@@ -579,24 +582,17 @@ def am_adamw(
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
     if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
         path = "foreach"
-    hyper: dict[str, Any] = {
-        "lr": as_float(lr),
-        "beta2": as_float(beta2),
-        "eps": eps,
-        "weight_decay": weight_decay,
-        "weight_decay_mode": weight_decay_mode,
-        "maximize": maximize,
-        "config": config,
-    }
-    tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    h = AdamHyper(
+        as_float(lr), as_float(beta2), eps, weight_decay, weight_decay_mode, maximize, config
+    )
+    t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+    amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves
-        return triton_module().triton_am_adamw(*tensors, **amp, **hyper)
-    hyper["sync"] = sync
+        return triton_module().triton_am_adamw(t, h, amp)
     if path == "fused":  # so do the C kernels
-        return _fused_am_adamw(*tensors, **amp, **hyper)
+        return _fused_am_adamw(t, h, amp, sync)
     func = _multi_tensor_am_adamw if path == "foreach" else _single_tensor_am_adamw
-    return _amp_am_adamw(func, *tensors, **amp, **hyper)
+    return _amp_am_adamw(func, t, h, amp, sync)
 
 
 _FUNCTIONAL_WARNED: set[str] = set()
@@ -604,52 +600,36 @@ _FUNCTIONAL_WARNED: set[str] = set()
 
 def _amp_am_adamw(
     func: Callable[..., tuple[list[Tensor], list[Tensor]]],
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    *,
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    **hyper: Any,
+    t: AdamTensors,
+    h: AdamHyper,
+    amp: Scaler,
+    sync: _distributed.ScopeSync | None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
-    grads = unscale(grads, grad_scale)
-    skip = InfSkip(found_inf, [*params, *exp_avgs, *exp_avg_sqs])
-    betas, prods = func(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, **hyper)
-    if found_inf is None:
+    t = t._replace(grads=unscale(t.grads, amp.grad_scale))
+    skip = InfSkip(amp.found_inf, [*t.params, *t.exp_avgs, *t.exp_avg_sqs])
+    betas, prods = func(t, h, sync)
+    if amp.found_inf is None:
         return betas, prods
-    skip.restore(state_steps)
-    if not hyper["config"].per_layer:
-        return betas, [skip.blend(beta1_prods[0], prods[0])] * len(prods)
-    return betas, [skip.blend(old, new) for old, new in zip(beta1_prods, prods, strict=True)]
+    skip.restore(t.state_steps)
+    olds = t.beta1_prods
+    if not h.config.per_layer:
+        return betas, [skip.blend(olds[0], prods[0])] * len(prods)
+    return betas, [skip.blend(old, new) for old, new in zip(olds, prods, strict=True)]
 
 
 def _fused_am_adamw(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    *,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
-    **hyper: Any,
+    t: AdamTensors, h: AdamHyper, amp: Scaler, sync: _distributed.ScopeSync | None
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
-    tensors = (params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    out = _fused.fused_am_adamw(*tensors, **amp, **hyper)
+    out = _fused.fused_am_adamw(t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed, the products neither
-        dtype = accumulation_dtype([real_dtype(p) for p in params])
-        skipped = torch.zeros((), dtype=dtype, device=params[0].device)
-        return [skipped] * len(params), list(beta1_prods)
+        dtype = accumulation_dtype([real_dtype(p) for p in t.params])
+        skipped = torch.zeros((), dtype=dtype, device=t.params[0].device)
+        return [skipped] * len(t.params), list(t.beta1_prods)
     if isinstance(out, str):
         warn_fallback(out)
-        return _amp_am_adamw(_multi_tensor_am_adamw, *tensors, **amp, **hyper)
+        return _amp_am_adamw(_multi_tensor_am_adamw, t, h, amp, sync)
     return out
 
 
@@ -663,22 +643,10 @@ def _saturate(v: Tensor) -> Tensor:
 
 
 def _single_tensor_am_adamw(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    *,
-    lr: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    weight_decay_mode: str,
-    maximize: bool,
-    config: AMConfig,
-    sync: _distributed.ScopeSync | None = None,
+    t: AdamTensors, h: AdamHyper, sync: _distributed.ScopeSync | None = None
 ) -> tuple[list[Tensor], list[Tensor]]:
+    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
     n = len(params)
     if n == 0:
         return [], []
@@ -941,22 +909,10 @@ class _AdamKernels:
 
 
 def _multi_tensor_am_adamw(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    *,
-    lr: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    weight_decay_mode: str,
-    maximize: bool,
-    config: AMConfig,
-    sync: _distributed.ScopeSync | None = None,
+    t: AdamTensors, h: AdamHyper, sync: _distributed.ScopeSync | None = None
 ) -> tuple[list[Tensor], list[Tensor]]:
+    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
     n = len(params)
     if n == 0:
         return [], []

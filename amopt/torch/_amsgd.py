@@ -15,6 +15,9 @@ from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
     accumulation_dtype,
     as_float,
     as_real,
@@ -491,16 +494,16 @@ def amsgd(
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
     if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
         path = "foreach"
-    hyper = {"lr": as_float(lr), "weight_decay": weight_decay, "maximize": maximize}
-    tensors = (params, grads, momentum_buffer_list, state_steps)
-    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
+    h = SGDHyper(as_float(lr), weight_decay, maximize, config)
+    t = SGDTensors(params, grads, momentum_buffer_list, state_steps)
+    amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves
-        betas = triton_module().triton_amsgd(*tensors, config=config, **amp, **hyper)
+        betas = triton_module().triton_amsgd(t, h, amp)
     elif path == "fused":  # so do the C kernels
-        betas = _fused_amsgd(*tensors, **amp, config=config, sync=sync, **hyper)
+        betas = _fused_amsgd(t, h, amp, sync)
     else:
         func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
-        betas = _amp_amsgd(func, *tensors, **amp, config=config, sync=sync, **hyper)
+        betas = _amp_amsgd(func, t, h, amp, sync)
     _distributed.store_new_states(caller_buffers, momentum_buffer_list, caller_params)
     return betas
 
@@ -510,45 +513,31 @@ _FUNCTIONAL_WARNED: set[str] = set()
 
 def _amp_amsgd(
     func: Callable[..., list[Tensor]],
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor | None],
-    state_steps: list[Tensor],
-    *,
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    **hyper: Any,
+    t: SGDTensors,
+    h: SGDHyper,
+    amp: Scaler,
+    sync: _distributed.ScopeSync | None,
 ) -> list[Tensor]:
     """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
-    grads = unscale(grads, grad_scale)
-    skip = InfSkip(found_inf, [*params, *momentum_buffer_list])
-    before = list(momentum_buffer_list)
-    betas = func(params, grads, momentum_buffer_list, state_steps, **hyper)
-    created = [b for b, old in zip(momentum_buffer_list, before, strict=True) if b is not old]
-    skip.restore(state_steps, created=created)
+    t = t._replace(grads=unscale(t.grads, amp.grad_scale))
+    skip = InfSkip(amp.found_inf, [*t.params, *t.momentum_buffer_list])
+    before = list(t.momentum_buffer_list)
+    betas = func(t, h, sync)
+    created = [b for b, old in zip(t.momentum_buffer_list, before, strict=True) if b is not old]
+    skip.restore(t.state_steps, created=created)
     return betas
 
 
 def _fused_amsgd(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor | None],
-    state_steps: list[Tensor],
-    *,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
-    **hyper: Any,
+    t: SGDTensors, h: SGDHyper, amp: Scaler, sync: _distributed.ScopeSync | None
 ) -> list[Tensor]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    amp = {"grad_scale": grad_scale, "found_inf": found_inf}
-    out = _fused.fused_amsgd(params, grads, momentum_buffer_list, state_steps, **amp, **hyper)
+    out = _fused.fused_amsgd(t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
-        return [_skipped_beta(params)] * len(params)
+        return [_skipped_beta(t.params)] * len(t.params)
     if isinstance(out, str):
         warn_fallback(out)
-        return _amp_amsgd(
-            _multi_tensor_amsgd, params, grads, momentum_buffer_list, state_steps, **amp, **hyper
-        )
+        return _amp_amsgd(_multi_tensor_amsgd, t, h, amp, sync)
     return out
 
 
@@ -559,17 +548,10 @@ def _skipped_beta(params: list[Tensor]) -> Tensor:
 
 
 def _single_tensor_amsgd(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor | None],
-    state_steps: list[Tensor],
-    *,
-    lr: float,
-    weight_decay: float,
-    maximize: bool,
-    config: AMConfig,
-    sync: _distributed.ScopeSync | None = None,
+    t: SGDTensors, h: SGDHyper, sync: _distributed.ScopeSync | None = None
 ) -> list[Tensor]:
+    params, grads, momentum_buffer_list, state_steps = t
+    lr, weight_decay, maximize, config = h
     n = len(params)
     if n == 0:
         return []
@@ -629,17 +611,10 @@ def _single_tensor_amsgd(
 
 
 def _multi_tensor_amsgd(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor | None],
-    state_steps: list[Tensor],
-    *,
-    lr: float,
-    weight_decay: float,
-    maximize: bool,
-    config: AMConfig,
-    sync: _distributed.ScopeSync | None = None,
+    t: SGDTensors, h: SGDHyper, sync: _distributed.ScopeSync | None = None
 ) -> list[Tensor]:
+    params, grads, momentum_buffer_list, state_steps = t
+    lr, weight_decay, maximize, config = h
     n = len(params)
     if n == 0:
         return []

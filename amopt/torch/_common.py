@@ -14,7 +14,7 @@ import importlib.util
 import warnings
 from collections.abc import Iterable, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -134,6 +134,59 @@ def rule_config(**kwargs: Any) -> AMConfig:
 
 
 # --------------------------------------------------------------------------- dtypes, steps
+
+
+class SGDTensors(NamedTuple):
+    """The lists an AMSGD step reads and updates, aligned by parameter."""
+
+    params: list[Tensor]
+    grads: list[Tensor]
+    momentum_buffer_list: list[Tensor | None]
+    state_steps: list[Tensor]
+
+
+class SGDHyper(NamedTuple):
+    """The hyper-parameters every implementation of an AMSGD step takes."""
+
+    lr: float
+    weight_decay: float
+    maximize: bool
+    config: AMConfig
+
+
+class AdamTensors(NamedTuple):
+    """The lists an AM-Adam(W) step reads and updates, aligned by parameter."""
+
+    params: list[Tensor]
+    grads: list[Tensor]
+    exp_avgs: list[Tensor]
+    exp_avg_sqs: list[Tensor]
+    state_steps: list[Tensor]
+    beta1_prods: list[Tensor]
+
+
+class AdamHyper(NamedTuple):
+    """The hyper-parameters every implementation of an AM-Adam(W) step takes."""
+
+    lr: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    weight_decay_mode: str
+    maximize: bool
+    config: AMConfig
+
+
+class Scaler(NamedTuple):
+    """``torch.amp.GradScaler``'s fused protocol: gradients times ``grad_scale``; skip
+    the step where ``found_inf`` is non-zero."""
+
+    grad_scale: Tensor | None = None
+    found_inf: Tensor | None = None
+
+
+#: No gradient scaler.
+NO_SCALER = Scaler()
 
 
 def accumulation_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:

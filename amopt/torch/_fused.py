@@ -70,8 +70,15 @@ import torch
 from torch import Tensor
 
 from amopt import _rule, _tape
-from amopt._config import AMConfig
-from amopt.torch._common import as_real
+from amopt.torch._common import (
+    NO_SCALER,
+    AdamHyper,
+    AdamTensors,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+    as_real,
+)
 
 __all__ = [
     "FusedFallbackWarning",
@@ -796,35 +803,24 @@ class _Scopes:
 
 
 def fused_amsgd(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor | None],
-    state_steps: list[Tensor],
-    *,
-    lr: float,
-    weight_decay: float,
-    maximize: bool,
-    config: AMConfig,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
-    sync: Any = None,
+    t: SGDTensors, h: SGDHyper, amp: Scaler = NO_SCALER, sync: Any = None
 ) -> list[Tensor] | str | None:
     """One AMSGD step with the fused kernels (in place), as ``_single_tensor_amsgd``.
 
     Parameters
     ----------
-    params, grads, momentum_buffer_list, state_steps
-        As in :func:`amopt.torch.amsgd`; a ``None`` momentum buffer is created (step 0,
+    t : SGDTensors
+        ``params, grads, momentum_buffer_list, state_steps`` as in
+        :func:`amopt.torch.amsgd`; a ``None`` momentum buffer is created (step 0,
         ``d = g``).
-    lr, weight_decay, maximize : float, float, bool
-        As in :class:`amopt.torch.AMSGD` (coupled weight decay ``g + wd x``).
-    config : AMConfig
-        ``lam``, ``beta_max``, ``per_layer`` and the variant.
-    grad_scale : Tensor, optional
-        The gradients are ``grad_scale`` times the true ones (``torch.amp.GradScaler``);
-        the kernels use ``g / grad_scale``.
-    found_inf : Tensor, optional
-        Nonzero: skip the step, leaving parameters and state untouched.
+    h : SGDHyper
+        ``lr, weight_decay, maximize`` as in :class:`amopt.torch.AMSGD` (coupled weight
+        decay ``g + wd x``) and the rule's ``config`` (``lam``, ``beta_max``,
+        ``per_layer``, the variant).
+    amp : Scaler, optional
+        ``grad_scale``: the gradients are ``grad_scale`` times the true ones
+        (``torch.amp.GradScaler``) and the kernels use ``g / grad_scale``;
+        ``found_inf`` nonzero: skip the step, leaving parameters and state untouched.
     sync : ScopeSync, optional
         The plan of :func:`amopt.torch._distributed.localize` when the tensors are
         local pieces of sharded scopes: their sums are added across ranks (one
@@ -838,6 +834,9 @@ def fused_amsgd(
         this group (nothing was modified then); ``None`` when ``found_inf`` skipped the
         step.
     """
+    params, grads, momentum_buffer_list, state_steps = t
+    lr, weight_decay, maximize, config = h
+    grad_scale, found_inf = amp
     n = len(params)
     if _skip(found_inf):
         return None
@@ -900,37 +899,21 @@ def fused_amsgd(
 
 
 def fused_am_adamw(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    *,
-    lr: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    weight_decay_mode: str,
-    maximize: bool,
-    config: AMConfig,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
-    sync: Any = None,
+    t: AdamTensors, h: AdamHyper, amp: Scaler = NO_SCALER, sync: Any = None
 ) -> tuple[list[Tensor], list[Tensor]] | str | None:
     """One AM-AdamW / AM-Adam step with the fused kernels (in place), as the reference.
 
     Parameters
     ----------
-    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods
-        As in :func:`amopt.torch.am_adamw`.
-    lr, beta2, eps, weight_decay, maximize
-        As in :class:`amopt.torch.AMAdamW`.
-    weight_decay_mode : {"decoupled", "proximal", "l2"}
-        ``"l2"`` (AM-Adam) adds ``weight_decay * x`` to the gradient; the rule sees no decay.
-    config : AMConfig
-        ``lam``, ``beta_max`` (the cap of beta1), ``per_layer`` and the variant.
-    grad_scale, found_inf, sync
+    t : AdamTensors
+        ``params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods`` as in
+        :func:`amopt.torch.am_adamw`.
+    h : AdamHyper
+        ``lr, beta2, eps, weight_decay, maximize`` as in :class:`amopt.torch.AMAdamW`;
+        ``weight_decay_mode`` (``"l2"``, AM-Adam, adds ``weight_decay * x`` to the
+        gradient and the rule sees no decay) and the rule's ``config`` (``beta_max`` is
+        the cap of beta1).
+    amp, sync
         As in :func:`fused_amsgd`.
 
     Returns
@@ -940,6 +923,9 @@ def fused_am_adamw(
         string saying why the kernels cannot run this group (nothing was modified
         then); ``None`` when ``found_inf`` skipped the step.
     """
+    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    grad_scale, found_inf = amp
     n = len(params)
     if _skip(found_inf):
         return None

@@ -53,6 +53,7 @@ from torch import Tensor
 
 from amopt import _rule
 from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
+from amopt.torch._common import NO_SCALER, AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
 
 if TYPE_CHECKING:
     import triton.language as tl
@@ -781,19 +782,7 @@ def _reduce_and_sum(
     return sums
 
 
-def triton_amsgd(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor | None],
-    state_steps: list[Tensor],
-    *,
-    lr: float,
-    weight_decay: float,
-    maximize: bool,
-    config: AMConfig,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
-) -> list[Tensor]:
+def triton_amsgd(t: SGDTensors, h: SGDHyper, amp: Scaler = NO_SCALER) -> list[Tensor]:
     r"""AMSGD (AM-MSGD) step over one param group with the Triton kernels, in place.
 
     The same step as ``amsgd(..., foreach=False)`` (``docs/algorithms.md``,
@@ -804,27 +793,22 @@ def triton_amsgd(
 
     Parameters
     ----------
-    params, grads : list of Tensor
-        Parameters (updated in place) and their gradients: contiguous, same shape
-        and dtype, on one CUDA device (see :func:`available`).
-    momentum_buffer_list : list of Tensor or None
-        Momentum buffers :math:`d` in the parameter dtype, updated in place; a
-        ``None`` entry is replaced by a new buffer (the first step, ``d = g``).
-        A buffer whose step counter is 0 is also treated as a first step.
-    state_steps : list of Tensor
-        0-d step counters (CPU or device), incremented in place (not on a skipped step).
-    lr, weight_decay : float
-        :math:`\eta \ge 0` and the coupled L2 decay :math:`\mu \ge 0`.
-    maximize : bool
-        Ascend instead of descend.
-    config : AMConfig
-        ``lam``, ``beta_max``, ``per_layer`` (one beta per tensor) and the variant.
-        The numerator is always the linearised one.
-    grad_scale : Tensor, optional
-        One-element tensor: the gradients are divided by it (GradScaler's scale).
-    found_inf : Tensor, optional
-        One-element tensor; nonzero skips the step: parameters, buffers and step
-        counters keep their values.
+    t : SGDTensors
+        ``params`` (updated in place) and ``grads``: contiguous, same shape and dtype,
+        on one CUDA device (see :func:`available`); ``momentum_buffer_list``: the
+        buffers :math:`d` in the parameter dtype, updated in place, a ``None`` entry
+        replaced by a new buffer (the first step, ``d = g``; a buffer whose step counter
+        is 0 is also treated as a first step); ``state_steps``: 0-d step counters (CPU
+        or device), incremented in place (not on a skipped step).
+    h : SGDHyper
+        ``lr`` and ``weight_decay``: :math:`\eta \ge 0` and the coupled L2 decay
+        :math:`\mu \ge 0`; ``maximize``: ascend instead of descend; ``config``:
+        ``lam``, ``beta_max``, ``per_layer`` (one beta per tensor) and the variant (the
+        numerator is always the linearised one).
+    amp : Scaler, optional
+        One-element tensors: the gradients are divided by ``grad_scale``
+        (GradScaler's scale); a nonzero ``found_inf`` skips the step: parameters,
+        buffers and step counters keep their values.
 
     Returns
     -------
@@ -832,6 +816,9 @@ def triton_amsgd(
         The 0-d beta of each parameter's scope, in the accumulation dtype (one
         tensor shared by every parameter when ``config.per_layer`` is False).
     """
+    params, grads, momentum_buffer_list, state_steps = t
+    lr, weight_decay, maximize, config = h
+    grad_scale, found_inf = amp
     name = "triton_amsgd"
     _check_lists(
         name,
@@ -947,22 +934,7 @@ def _per_tensor(arrays: Sequence[Tensor], plan: _Plan, per_layer: bool) -> list[
 
 
 def triton_am_adamw(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    *,
-    lr: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    weight_decay_mode: str,
-    maximize: bool,
-    config: AMConfig,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
+    t: AdamTensors, h: AdamHyper, amp: Scaler = NO_SCALER
 ) -> tuple[list[Tensor], list[Tensor]]:
     r"""AM-AdamW / AM-Adam step over one param group with the Triton kernels, in place.
 
@@ -976,32 +948,22 @@ def triton_am_adamw(
 
     Parameters
     ----------
-    params, grads : list of Tensor
-        Parameters (updated in place) and their gradients: contiguous, same shape
-        and dtype, on one CUDA device (see :func:`available`).
-    exp_avgs, exp_avg_sqs : list of Tensor
-        :math:`d` and :math:`v` in the parameter dtype (zeros before the first
-        step), updated in place.
-    state_steps : list of Tensor
-        0-d step counters (CPU or device), incremented in place (not on a skipped step).
-    beta1_prods : list of Tensor
-        0-d running products :math:`\pi` (ones before the first step); with a
-        global scope the first entry is the scope's product.
-    lr, beta2, eps, weight_decay : float
-        As in :class:`~amopt.torch.AMAdamW`.
-    weight_decay_mode : {"decoupled", "proximal", "l2"}
-        ``"l2"`` is AM-Adam: :math:`\mu x` is added to the gradient first, and the
-        rule and update see no decay.
-    maximize : bool
-        Ascend instead of descend.
-    config : AMConfig
-        ``lam``, ``beta_max`` (:math:`\beta_{1,\max}`), ``per_layer`` and the
-        variant. The numerator is always the linearised one.
-    grad_scale : Tensor, optional
-        One-element tensor: the gradients are divided by it (GradScaler's scale).
-    found_inf : Tensor, optional
-        One-element tensor; nonzero skips the step: parameters, moments, step
-        counters and products keep their values.
+    t : AdamTensors
+        ``params`` (updated in place) and ``grads``: contiguous, same shape and dtype,
+        on one CUDA device (see :func:`available`); ``exp_avgs``, ``exp_avg_sqs``:
+        :math:`d` and :math:`v` in the parameter dtype (zeros before the first step),
+        updated in place; ``state_steps``: 0-d step counters (CPU or device),
+        incremented in place (not on a skipped step); ``beta1_prods``: 0-d running
+        products :math:`\pi` (ones before the first step; with a global scope the
+        first entry is the scope's product).
+    h : AdamHyper
+        ``lr, beta2, eps, weight_decay, maximize`` as in :class:`~amopt.torch.AMAdamW`;
+        ``weight_decay_mode`` in ``{"decoupled", "proximal", "l2"}`` (``"l2"`` is
+        AM-Adam: :math:`\mu x` is added to the gradient first, and the rule and update
+        see no decay); ``config``: ``lam``, ``beta_max`` (:math:`\beta_{1,\max}`),
+        ``per_layer`` and the variant (the numerator is always the linearised one).
+    amp : Scaler, optional
+        As in :func:`triton_amsgd`; a skipped step also keeps the moments and products.
 
     Returns
     -------
@@ -1010,6 +972,9 @@ def triton_am_adamw(
         the accumulation dtype (shared tensors when ``config.per_layer`` is False).
         On a skipped step the betas are not applied and the products are the old ones.
     """
+    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    grad_scale, found_inf = amp
     name = "triton_am_adamw"
     _check_lists(
         name,
