@@ -681,10 +681,6 @@ def _coef(t: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
     return t
 
 
-def _concat(parts: list[Tensor]) -> Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
 class _Arrays:
     """ctypes views of a group: sizes and the addresses of each array's tensors.
 
@@ -736,22 +732,21 @@ def _rows(sums: Tensor, a: int, b: int, dtype: torch.dtype, per_layer: bool, syn
 
 
 class _Scopes:
-    """The rule between the passes: sums of tensors ``a..b-1`` -> the rule's outputs.
+    """The per-scope sums of a fused step and the rule's outputs, as NumPy arrays.
 
-    The per-scope sums are NumPy views of the kernels' output and the rule runs on
-    NumPy: between the two passes over a chunk the interpreter's own data has mostly
-    been evicted from the cache, and the NumPy rule touches less of it than the torch
-    one (measured: the torch rule and its tensor glue cost about 0.1 ms per chunk there,
-    an eighth of a 25M-parameter AM-AdamW step). Sharded scopes (one range, added across
-    ranks) go through torch for the collective.
+    The kernels write the float64 sums of each tensor into ``sums``; ``array`` is a
+    NumPy view of them. Normally the rule runs inside the kernels as a tape
+    (:meth:`tape`); otherwise (a rule that cannot be recorded, or sharded scopes whose
+    sums are added across ranks first, through torch) the passes are driven from here
+    and :meth:`rule` runs it on NumPy between them.
     """
 
-    __slots__ = ("sums", "array", "dtype", "np_dtype", "per_layer", "sync")
+    __slots__ = ("sums", "array", "np_dtype", "per_layer", "sync")
 
     def __init__(self, n: int, dtype: torch.dtype, per_layer: bool, sync: Any) -> None:
         self.sums = torch.empty((n, 3), dtype=torch.float64)
         self.array = self.sums.numpy()
-        self.dtype, self.np_dtype = dtype, _NUMPY[dtype]
+        self.np_dtype = _NUMPY[dtype]
         self.per_layer, self.sync = per_layer, sync
 
     def rule(self, rule: Any, a: int, b: int, **kwargs: Any) -> Any:
@@ -792,11 +787,15 @@ class _Scopes:
         """``k`` arrays the whole-step kernels write the rule's outputs into."""
         return [np.empty(n if self.per_layer else (), dtype=self.np_dtype) for _ in range(k)]
 
-    def tensors(self, parts: list[np.ndarray], n: int) -> list[Tensor]:
-        """One 0-d tensor per parameter: its scope's value (the same one for a global scope)."""
+    def value(self, parts: list[np.ndarray]) -> Tensor:
+        """The outputs of every scope as one tensor: per tensor (1-D), or the global 0-d one."""
         if self.per_layer:
-            return list(torch.from_numpy(np.concatenate(parts)).unbind())
-        return [torch.from_numpy(parts[0].reshape(()))] * n
+            return torch.from_numpy(np.concatenate(parts))
+        return torch.from_numpy(parts[0].reshape(()))
+
+    def tensors(self, value: Tensor, n: int) -> list[Tensor]:
+        """One 0-d tensor per parameter: its scope's value (the same one for a global scope)."""
+        return list(value.unbind()) if self.per_layer else [value] * n
 
 
 # --------------------------------------------------------------------------- AMSGD
@@ -882,7 +881,7 @@ def fused_amsgd(
         if status != 0:
             raise RuntimeError("the fused kernels refused the rule's tape")
         torch.autograd.graph.increment_version([*params, *momentum_buffer_list, *state_steps])
-        return scopes.tensors([beta], n)
+        return scopes.tensors(scopes.value([beta]), n)
     parts = []
     for a, b in ranges:
         numel, x, g, d = arrays.at(a)
@@ -892,7 +891,7 @@ def fused_amsgd(
         apply_fn(b - a, numel, x, g, d, first_at + a, gamma.ctypes.data, stride, hp, nt)
         parts.append(beta)
     torch.autograd.graph.increment_version([*params, *momentum_buffer_list, *state_steps])
-    return scopes.tensors(parts, n)
+    return scopes.tensors(scopes.value(parts), n)
 
 
 # --------------------------------------------------------------------------- AM-AdamW
@@ -976,33 +975,32 @@ def fused_am_adamw(
         prods = beta1_prods[0].to("cpu", dtype).reshape(())
     c = _coef(_rule.adam_correction(prods, config), dtype, tuple(prods.shape))
     stride = int(per_layer)
-    # every argument prepared first: between the passes only the rule runs
-    plan = []
-    for a, b in _scopes(numels, per_layer, 4 * itemsize, sync):
-        head = (b - a, *arrays.at(a), c.data_ptr() + itemsize * a * stride, stride, ib2_at + 8 * a)
-        plan.append((head, scopes.at(a), a, b))
+    ranges = _scopes(numels, per_layer, 4 * itemsize, sync)
     tape = scopes.tape(_rule.adam_beta, cfg=config, lr=lr, weight_decay=wd)
     if tape is not None:  # reduce -> rule -> apply per chunk, all in the kernels
         code, outs = tape
-        chunks = _chunk_array([(a, b) for *_, a, b in plan])
+        chunks = _chunk_array(ranges)
         (beta,) = scopes.outputs(n, 1)
         status = kernels.fn[f"adam_step_{suffix}"](
             n, *arrays.at(0), c.data_ptr(), stride, ib2_at, hp, mode, nt, chunks.ctypes.data,
-            len(plan), int(per_layer), code.ctypes.data, len(code), outs.ctypes.data,
+            len(ranges), int(per_layer), code.ctypes.data, len(code), outs.ctypes.data,
             scopes.at(0), beta.ctypes.data,
         )  # fmt: skip
         if status != 0:
             raise RuntimeError("the fused kernels refused the rule's tape")
         parts = [beta]
     else:
+        # every argument prepared first: between the passes only the rule runs
+        heads = [
+            (b - a, *arrays.at(a), c.data_ptr() + itemsize * a * stride, stride, ib2_at + 8 * a)
+            for a, b in ranges
+        ]
         parts = []
-    for head, sums_at, a, b in plan if tape is None else ():
-        reduce_fn(*head, hp, nt, sums_at)
-        beta = scopes.rule(_rule.adam_beta, a, b, cfg=config, lr=lr, weight_decay=wd)
-        apply_fn(*head, beta.ctypes.data, stride, hp, mode, nt)
-        parts.append(beta)
+        for head, (a, b) in zip(heads, ranges, strict=True):
+            reduce_fn(*head, hp, nt, scopes.at(a))
+            beta = scopes.rule(_rule.adam_beta, a, b, cfg=config, lr=lr, weight_decay=wd)
+            apply_fn(*head, beta.ctypes.data, stride, hp, mode, nt)
+            parts.append(beta)
     torch.autograd.graph.increment_version([*params, *exp_avgs, *exp_avg_sqs, *state_steps])
-    betas = scopes.tensors(parts, n)
-    if per_layer:
-        return betas, list((prods * torch.stack(betas)).unbind())
-    return betas, [prods * betas[0]] * n
+    value = scopes.value(parts)
+    return scopes.tensors(value, n), scopes.tensors(prods * value, n)
