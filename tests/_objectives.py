@@ -6,6 +6,20 @@ oracle-agreement tests do not depend on the problems module.
 
 import numpy as np
 
+#: A small diagonal quadratic ``f(x) = 1/2 x^T A x - b^T x`` with its gradient and
+#: minimiser, for the tests of minimize's interface.
+DIAG_A = np.diag([1.0, 4.0, 10.0])
+DIAG_B = np.array([1.0, -2.0, 0.5])
+DIAG_X_STAR = np.linalg.solve(DIAG_A, DIAG_B)
+
+
+def diag_f(x):
+    return 0.5 * x @ DIAG_A @ x - DIAG_B @ x
+
+
+def diag_g(x):
+    return DIAG_A @ x - DIAG_B
+
 
 def quadratic_data(n=12, cond=50.0, seed=0):
     rng = np.random.default_rng(seed)

@@ -12,20 +12,11 @@ from scipy.optimize import OptimizeWarning
 
 import amopt
 
+from _objectives import DIAG_X_STAR as X_STAR
 from _objectives import Logistic, logreg_data
+from _objectives import diag_f as f
+from _objectives import diag_g as g
 from oracle import run_am_mgd
-
-A = np.diag([1.0, 4.0, 10.0])
-B = np.array([1.0, -2.0, 0.5])
-X_STAR = np.linalg.solve(A, B)
-
-
-def f(x):
-    return 0.5 * x @ A @ x - B @ x
-
-
-def g(x):
-    return A @ x - B
 
 
 def fg(x):

@@ -12,18 +12,10 @@ from scipy.optimize import OptimizeWarning
 
 import amopt
 
-A = np.diag([1.0, 4.0, 10.0])
-B = np.array([1.0, -2.0, 0.5])
-X_STAR = np.linalg.solve(A, B)
-
-
-def f(x):
-    return 0.5 * x @ A @ x - B @ x
-
-
-def g(x):
-    return A @ x - B
-
+from _objectives import DIAG_A as A
+from _objectives import DIAG_B as B
+from _objectives import diag_f as f
+from _objectives import diag_g as g
 
 ALL_METHODS = list(amopt.METHODS)
 

@@ -16,20 +16,14 @@ import pytest
 
 import amopt
 
+from _objectives import DIAG_A as A
+from _objectives import DIAG_B as B
 from _objectives import Logistic, logreg_data
+from _objectives import diag_f as f
+from _objectives import diag_g as g
 from oracle import run_am_mgd
 
-A = np.diag([1.0, 4.0, 10.0])
-B = np.array([1.0, -2.0, 0.5])
 MU = 0.5
-
-
-def f(x):
-    return 0.5 * x @ A @ x - B @ x
-
-
-def g(x):
-    return A @ x - B
 
 
 def F(x):
