@@ -8,15 +8,13 @@ concatenated batch.
 from __future__ import annotations
 
 import os
-import socket
-import time
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from _gloo import exit_without_teardown, init_rank, spawn  # noqa: E402
 
 from amopt.torch import AMSGD, AMAdamW  # noqa: E402
 
@@ -65,10 +63,7 @@ def _train(model, optimizer, rows: slice, step_model=None) -> list[list[float]]:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    init_rank(rank, port, WORLD_SIZE)
     try:
         results = {}
         rows = slice(rank * BATCH // WORLD_SIZE, (rank + 1) * BATCH // WORLD_SIZE)
@@ -84,36 +79,15 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.barrier()  # no rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
-    # Skip the interpreter's teardown: the results are saved, and gloo's and OpenMP's
-    # background threads at interpreter exit are no part of what this test checks.
-    os._exit(0)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    exit_without_teardown()
 
 
 @pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
     reason="torch.distributed with the gloo backend is not available in this torch build",
 )
-def test_ddp_two_gloo_ranks_match_single_process(tmp_path):
-    context = mp.start_processes(
-        _worker,
-        args=(_free_port(), str(tmp_path)),
-        nprocs=WORLD_SIZE,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail("DDP workers did not finish within 120 s")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+def test_ddp_two_gloo_ranks_match_single_process():
+    ranks = spawn(_worker, WORLD_SIZE, 120)
 
     for name, make in OPTIMIZERS.items():
         model = _model()

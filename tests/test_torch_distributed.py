@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
-import tempfile
 import time
 import traceback
 import warnings
@@ -24,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from _gloo import exit_without_teardown, init_rank, spawn  # noqa: E402
 from torch import nn  # noqa: E402
 
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
@@ -524,10 +522,7 @@ def _checkpoint(mesh, rank: int, directory: str) -> dict:
 def _worker(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    init_rank(rank, port, WORLD_SIZE)
     results: dict = {}
     try:
         mesh = init_device_mesh("cpu", (WORLD_SIZE,))
@@ -557,7 +552,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.destroy_process_group()
-    _exit_without_teardown()
+    exit_without_teardown()
 
 
 def _run_2d(name: str, opt: str, kw: dict, mesh) -> dict:
@@ -591,11 +586,8 @@ def _run_2d(name: str, opt: str, kw: dict, mesh) -> dict:
 def _worker_2d(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     started = time.perf_counter()
-    dist.init_process_group("gloo", rank=rank, world_size=4)
+    init_rank(rank, port, 4)
     results: dict = {}
     try:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
@@ -612,44 +604,13 @@ def _worker_2d(rank: int, port: int, out_dir: str) -> None:
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.destroy_process_group()
-    _exit_without_teardown()
-
-
-def _exit_without_teardown() -> None:
-    """End a worker whose results are saved without the interpreter's teardown.
-
-    gloo's and OpenMP's background threads can abort a process at interpreter exit
-    ("terminate called without an active exception") on a loaded machine; that is no
-    part of what these tests check, and a worker that failed earlier never gets here.
-    """
-    os._exit(0)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(worker, nprocs: int) -> list[dict]:
-    """Run ``worker`` on ``nprocs`` ranks; a rank that hangs fails the test after TIMEOUT_S."""
-    with tempfile.TemporaryDirectory(prefix="amopt-dist-") as out_dir:
-        context = mp.start_processes(
-            worker, args=(_free_port(), out_dir), nprocs=nprocs, join=False, start_method="spawn"
-        )
-        deadline = time.monotonic() + TIMEOUT_S
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                for proc in context.processes:
-                    proc.kill()
-                pytest.fail(f"the distributed workers did not finish within {TIMEOUT_S} s")
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(nprocs)]
+    exit_without_teardown()
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    two = _spawn(_worker, WORLD_SIZE)
-    four = _spawn(_worker_2d, 4)
+    two = spawn(_worker, WORLD_SIZE, TIMEOUT_S)
+    four = spawn(_worker_2d, 4, TIMEOUT_S)
     return [{**r, **four[k]} for k, r in enumerate(two)] + four[WORLD_SIZE:]
 
 
