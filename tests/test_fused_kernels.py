@@ -479,12 +479,16 @@ def test_fallback_reasons_name_the_cause(make, reason):
     g = torch.zeros(4, dtype=x.dtype)
     out = _fused._check([[x], [g]])
     assert isinstance(out, str) and reason in out
+    assert _fused._check_common([[x], [g]]) is None  # the quick check lets none through
 
 
-def test_mixed_dtypes_and_aliasing_are_refused():
+def test_mixed_dtypes_aliasing_and_sizes_are_refused():
     x, g = torch.zeros(4), torch.zeros(4, dtype=torch.float64)
     assert "mixes torch.float32 and torch.float64" in _fused._check([[x], [g]])
     assert "shares memory" in _fused._check([[x], [x]])
+    assert "another size" in _fused._check([[x], [torch.zeros(5)]])
+    for arrays in ([[x], [g]], [[x], [x]], [[x], [torch.zeros(5)]]):
+        assert _fused._check_common(arrays) is None
 
 
 def test_dtensor_parameters_fall_back_with_the_reason(tmp_path):
@@ -728,3 +732,56 @@ def test_am_adamw_fused_sums_are_proportional_to_the_gradient_scale(monkeypatch,
     for got, want in zip(seen, reference, strict=True):
         assert np.all(np.isfinite(got)) and np.all(want > 0)
         np.testing.assert_allclose(got / scale, want, rtol=2e-5, atol=0)
+
+
+# --------------------------------------------------------------------------- step counters
+
+
+def test_step_counters_advance_in_their_own_dtype_with_adams_correction():
+    """``am_advance_steps``: +1 per counter (float32 and float64 mixed), 1/(1 - beta2^t)."""
+    steps = [torch.tensor(0.0), torch.tensor(6.0, dtype=torch.float64), torch.tensor(2.0**24)]
+    before = [float(s) for s in steps]
+    ib2 = np.empty(len(steps))
+    _fused._check_steps(steps).advance(KERNELS, 0.999, ib2)
+    # float32 2^24 + 1 rounds back to 2^24, as torch._foreach_add_ does in float32
+    expected = [torch.tensor(b, dtype=s.dtype) + 1 for b, s in zip(before, steps, strict=True)]
+    assert [s.dtype for s in steps] == [torch.float32, torch.float64, torch.float32]
+    assert [float(s) for s in steps] == [float(e) for e in expected]
+    t = np.array([float(s) for s in steps])
+    np.testing.assert_allclose(ib2, 1.0 / (1.0 - 0.999**t), rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "steps, reason",
+    [
+        ([torch.tensor(1.0, dtype=torch.float16)], "float32/float64 CPU scalars"),
+        ([torch.zeros(2)], "float32/float64 CPU scalars"),
+        ([torch.tensor(1)], "float32/float64 CPU scalars"),
+    ],
+)
+def test_unusable_step_counters_name_the_cause(steps, reason):
+    out = _fused._check_steps(steps)
+    assert isinstance(out, str) and reason in out
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        lambda: [[torch.zeros(3), torch.zeros(2, 2)], [torch.ones(3), torch.ones(2, 2)]],
+        lambda: [[torch.zeros(3)], [torch.ones(3)], [None]],
+        lambda: [[torch.nn.Parameter(torch.zeros(5).double())], [torch.ones(5).double()]],
+        lambda: [[torch.zeros(4, dtype=torch.complex64)], [torch.ones(4, dtype=torch.complex64)]],
+    ],
+)
+def test_the_quick_check_agrees_with_the_tensor_by_tensor_one(arrays):
+    """Every step takes ``_check_common``; it must accept what ``_check_each`` accepts,
+    with the same sizes and addresses (complex goes to ``_check_each``, seen as real)."""
+    arrays = arrays()
+    slow = _fused._check_each(arrays)
+    fast = _fused._check_common(arrays)
+    assert not isinstance(slow, str)
+    if fast is None:
+        assert arrays[0][0].is_complex()
+        assert slow[1] == torch.float32 and slow[2] == [8]
+        return
+    assert fast[1:] == slow[1:]

@@ -304,7 +304,7 @@ def kernels_unavailable(monkeypatch):
 
 
 def _fake_cuda(n=2):
-    return [types.SimpleNamespace(device=torch.device("cuda", 0)) for _ in range(n)]
+    return [types.SimpleNamespace(device=torch.device("cuda", 0), is_cpu=False) for _ in range(n)]
 
 
 def _triton(monkeypatch, available):

@@ -394,8 +394,10 @@ class AMAdamW(AMOptimizerBase):
                 maximize=group["maximize"],
                 process_group=_distributed.scope_group(self, group, grads),
             )
-            self._store_state(group, params, "beta", betas, InfSkip(found_inf, ()))
-            self._store_state(group, params, "beta1_prod", new_prods)
+            skip = InfSkip(found_inf, ())
+            self._store_state(
+                group, params, [("beta", betas, skip), ("beta1_prod", new_prods, None)]
+            )
         return loss
 
 

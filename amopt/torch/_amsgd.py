@@ -395,7 +395,7 @@ class AMSGD(AMOptimizerBase):
 
             for p, buf in zip(params, momentum_buffer_list, strict=True):
                 self.state[p]["momentum_buffer"] = buf
-            self._store_state(group, params, "beta", betas, InfSkip(found_inf, ()))
+            self._store_state(group, params, [("beta", betas, InfSkip(found_inf, ()))])
         return loss
 
 

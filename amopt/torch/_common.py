@@ -471,15 +471,20 @@ def check_fused_device(p: Tensor) -> None:
         )
 
 
+_REAL_DTYPES = frozenset((torch.float32, torch.float64))
+
+
 def _fused_cpu_unavailable(tensors: Sequence[Tensor]) -> str | None:
     from amopt.torch import _fused  # the C kernels import this module
 
     if _fused.library() is None:
         return f"the fused CPU kernels are unavailable ({_fused.fused_status()['error']})"
-    for t in tensors:
-        t = as_real(t)
-        if t.layout != torch.strided or not t.is_contiguous():
-            return "a parameter or gradient is not a dense contiguous tensor"
+    try:
+        dense = all(t.is_contiguous() for t in tensors)
+    except RuntimeError:  # sparse and other layouts have no strides
+        dense = False
+    if not dense:
+        return "a parameter or gradient is not a dense contiguous tensor"
     return None
 
 
@@ -515,15 +520,19 @@ def default_path(
         raise RuntimeError(
             "`fused` and `foreach` cannot be `True` together; got fused=True, foreach=True"
         )
-    devices = {p.device.type for p in params}
+    # the usual group is checked with as few tensor attributes as possible: this runs every step
+    cpu = all(p.is_cpu for p in params)
+    devices = {"cpu"} if cpu else {p.device.type for p in params}
     if fused:
         return ("triton" if devices == {"cuda"} else "fused"), None
     if fused is not None or foreach is not None:
         return ("foreach" if foreach else "single"), None
     tensors = [*params, *grads]
     if devices == {"cpu"}:
-        dtypes = {real_dtype(p) for p in tensors}
-        if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
+        dtypes = {t.dtype for t in tensors}
+        if not dtypes <= _REAL_DTYPES:
+            dtypes = {real_dtype(t) for t in tensors}
+        if len(dtypes) != 1 or not dtypes <= _REAL_DTYPES:
             return "foreach", None
         why = _fused_cpu_unavailable(tensors)
         return ("foreach", why) if why else ("fused", None)
@@ -698,45 +707,50 @@ class AMOptimizerBase(Optimizer):
         self,
         group: dict[str, Any],
         params: Sequence[Tensor],
-        key: str,
-        values: Sequence[Tensor],
-        skip: InfSkip | None = None,
+        entries: Sequence[tuple[str, Sequence[Tensor], InfSkip | None]],
     ) -> None:
-        """Write the 0-d entries ``key`` of a step into the state, in place where they exist.
+        """Write the 0-d state entries of a step, in place where they exist.
 
-        ``values`` is aligned with ``params``, the parameters stepped; with a global scope
-        (``per_layer=False``) it holds the scope's one value and every member with state
-        shares one tensor. Existing tensors are updated with ``copy_`` rather than
-        rebound, so that a compiled ``step()`` sees the same tensors at every step. With
-        ``skip``, a step skipped for an inf gradient keeps the previous values.
+        Each entry is ``(key, values, skip)``: ``values`` is aligned with ``params``, the
+        parameters stepped; with a global scope (``per_layer=False``) it holds the scope's
+        one value and every member with state shares one tensor. Existing tensors are
+        updated with ``copy_`` rather than rebound, so that a compiled ``step()`` sees the
+        same tensors at every step. With ``skip``, a step skipped for an inf gradient
+        keeps the previous values.
         """
         if group["per_layer"]:
+            states = [self.state[p] for p in params]
             olds, news = [], []
-            for p, value in zip(params, values, strict=True):
-                state = self.state[p]
-                old = state.get(key)
-                value = skip.blend(old, value) if skip else value
-                if not _same_kind(old, value):
-                    state[key] = value
-                elif old is not value:
-                    olds.append(old)
-                    news.append(value)
+            for key, values, skip in entries:
+                blend = skip is not None and skip.found_inf is not None
+                for state, value in zip(states, values, strict=True):
+                    old = state.get(key)
+                    if blend:
+                        value = skip.blend(old, value)  # type: ignore[union-attr]
+                    if old is value:
+                        continue
+                    if _same_kind(old, value):
+                        olds.append(old)
+                        news.append(value)
+                    else:
+                        state[key] = value
             if olds:  # one multi-tensor copy rather than a copy_ call per parameter
                 torch._foreach_copy_(olds, news)
             return
         members = [self.state[p] for p in group["params"] if self.state.get(p)]
-        existing: dict[int, Tensor] = {}
-        for state in members:
-            old = state.get(key)
-            if _same_kind(old, values[0]):
-                existing[id(old)] = old
-        shared = next(iter(existing.values()), None)
-        value = skip.blend(shared, values[0]) if skip else values[0]
-        for t in existing.values():
-            t.copy_(value)
-        for state in members:
-            if not _same_kind(state.get(key), value):
-                state[key] = value if shared is None else shared
+        for key, values, skip in entries:
+            existing: dict[int, Tensor] = {}
+            for state in members:
+                old = state.get(key)
+                if _same_kind(old, values[0]):
+                    existing[id(old)] = old
+            shared = next(iter(existing.values()), None)
+            value = skip.blend(shared, values[0]) if skip else values[0]
+            for t in existing.values():
+                t.copy_(value)
+            for state in members:
+                if not _same_kind(state.get(key), value):
+                    state[key] = value if shared is None else shared
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict; ``beta`` / ``beta1_prod`` keep their accumulation dtype.

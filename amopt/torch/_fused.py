@@ -94,7 +94,7 @@ __all__ = [
     "warn_fallback",
 ]
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 CSRC = Path(__file__).resolve().parent / "csrc"
 #: The kernel sources, hashed in this order (as ``setup.py`` does).
 SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h", "am_fused_variant.h")
@@ -435,6 +435,9 @@ class _Kernels:
                 fn.argtypes = argtypes
                 fn.restype = ctypes.c_int
                 self.fn[f"{kernel}_{suffix}"] = fn
+        self.advance_steps = lib.am_advance_steps
+        self.advance_steps.argtypes = [i64, vp, vp, ctypes.c_double, vp]
+        self.advance_steps.restype = ctypes.c_int
         self.tape_eval = lib.am_tape_eval
         self.tape_eval.argtypes = [vp, i64, vp, i64, i64, vp, i64, vp]
         self.tape_eval.restype = ctypes.c_int
@@ -524,6 +527,8 @@ def warn_fallback(reason: str) -> None:
 
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
 _plain_types: dict[type, bool] = {}
+_PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter))
+_STEP_DTYPES = frozenset((torch.float32, torch.float64))
 
 
 def _is_plain(t: Tensor) -> bool:
@@ -544,6 +549,51 @@ def _check(
     ``arrays[k][i]`` is the k-th array (parameters, gradients, states) of tensor ``i``;
     ``None`` entries (a momentum buffer still to create) are skipped and get address 0.
     """
+    fast = _check_common(arrays)
+    return fast if fast is not None else _check_each(arrays)
+
+
+def _check_common(
+    arrays: Sequence[Sequence[Tensor | None]],
+) -> tuple[list[list[Tensor | None]], torch.dtype, list[int], list[list[int]]] | None:
+    """:func:`_check` for the usual group (plain real CPU tensors, contiguous, one dtype).
+
+    ``None`` when any tensor is otherwise; :func:`_check_each` then finds out why. Runs
+    every step, so it reads as few tensor attributes as it can.
+    """
+    dtype = arrays[0][0].dtype
+    if dtype not in _DTYPES:
+        return None
+    plain = _PLAIN_TYPES
+    try:
+        numels = [t.numel() for t in arrays[0]]
+        addresses = []
+        for array in arrays:
+            tensors, sizes = array, numels
+            if any(t is None for t in array):
+                tensors = [t for t in array if t is not None]
+                sizes = [k for t, k in zip(array, numels, strict=True) if t is not None]
+            if not (
+                all(
+                    type(t) in plain and t.dtype is dtype and t.is_cpu and t.is_contiguous()
+                    for t in tensors
+                )
+                and [t.numel() for t in tensors] == sizes
+            ):
+                return None
+            addresses.append([0 if t is None else t.data_ptr() for t in array])
+    except (RuntimeError, ValueError):  # e.g. is_contiguous() of a sparse tensor
+        return None
+    used = [p for ptrs in addresses for p in ptrs if p]
+    if len(set(used)) != len(used):
+        return None
+    return arrays, dtype, numels, addresses  # type: ignore[return-value]
+
+
+def _check_each(
+    arrays: Sequence[Sequence[Tensor | None]],
+) -> str | tuple[list[list[Tensor | None]], torch.dtype, list[int], list[list[int]]]:
+    """:func:`_check` tensor by tensor, naming the first reason the kernels cannot run."""
     if arrays[0][0].is_complex():
         arrays = [[None if t is None else as_real(t) for t in a] for a in arrays]
     dtype = arrays[0][0].dtype
@@ -581,11 +631,34 @@ def _check(
     return arrays, dtype, numels, addresses  # type: ignore[return-value]
 
 
-def _check_steps(steps: Sequence[Tensor]) -> str:
+class _Steps:
+    """The step counters of a group as the kernels take them: addresses and dtype flags."""
+
+    __slots__ = ("n", "ptrs", "doubles")
+
+    def __init__(self, steps: Sequence[Tensor]) -> None:
+        self.n = len(steps)
+        self.ptrs = (ctypes.c_void_p * self.n)(*[s.data_ptr() for s in steps])
+        self.doubles = bytes(s.dtype is torch.float64 for s in steps)
+
+    def advance(self, kernels: Any, beta2: float = 0.0, ib2: np.ndarray | None = None) -> None:
+        """``steps += 1`` in place; with ``ib2``, also ``ib2 = 1 / (1 - beta2^steps)``."""
+        out = None if ib2 is None else ib2.ctypes.data
+        kernels.advance_steps(self.n, self.ptrs, self.doubles, beta2, out)
+
+
+def _check_steps(steps: Sequence[Tensor]) -> str | _Steps:
+    """The counters as :class:`_Steps`, or why the kernels cannot advance them."""
     for s in steps:
-        if not s.is_cpu or s.numel() != 1 or not s.is_floating_point():
-            return "the step counters are not float CPU scalars"
-    return ""
+        if not (
+            type(s) in _PLAIN_TYPES
+            and s.is_cpu
+            and s.dtype in _STEP_DTYPES
+            and s.numel() == 1
+            and s.is_contiguous()
+        ):
+            return "the step counters are not float32/float64 CPU scalars"
+    return _Steps(steps)
 
 
 def _stack(tensors: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
@@ -848,9 +921,9 @@ def fused_amsgd(
     if isinstance(checked, str):
         return checked
     (xs, _, bufs), dtype, numels, addresses = checked
-    why = _check_steps(state_steps)
-    if why:
-        return why
+    steps = _check_steps(state_steps)
+    if isinstance(steps, str):
+        return steps
 
     first = (ctypes.c_uint8 * n)(*[b is None for b in bufs])
     for k, b in enumerate(bufs):
@@ -858,7 +931,7 @@ def fused_amsgd(
             buf = torch.empty_like(grads[k], memory_format=torch.contiguous_format)
             momentum_buffer_list[k] = buf
             addresses[2][k] = as_real(buf).data_ptr()
-    torch._foreach_add_(state_steps, 1.0)
+    steps.advance(kernels)
 
     suffix = _SUFFIX[dtype]
     reduce_fn, apply_fn = kernels.fn[f"sgd_reduce_{suffix}"], kernels.fn[f"sgd_apply_{suffix}"]
@@ -942,12 +1015,12 @@ def fused_am_adamw(
     if isinstance(checked, str):
         return checked
     (xs, *_), dtype, numels, addresses = checked
-    why = _check_steps(state_steps)
-    if why:
-        return why
+    steps = _check_steps(state_steps)
+    if isinstance(steps, str):
+        return steps
 
-    torch._foreach_add_(state_steps, 1.0)
-    ib2 = 1.0 / (1.0 - torch.pow(beta2, _stack(state_steps, torch.float64)))  # 1/(1-beta2^t)
+    ib2 = np.empty(n)
+    steps.advance(kernels, beta2, ib2)  # and ib2 = 1 / (1 - beta2^step)
     l2 = weight_decay_mode == "l2"
     wd = 0.0 if l2 else weight_decay
     hp = (ctypes.c_double * 13)(
@@ -967,7 +1040,7 @@ def fused_am_adamw(
     arrays = _Arrays(numels, addresses)
     per_layer = config.per_layer
     scopes = _Scopes(n, dtype, per_layer, sync)
-    ib2_at, nt = ib2.data_ptr(), _threads()
+    ib2_at, nt = ib2.ctypes.data, _threads()
     itemsize = xs[0].element_size()
     if per_layer:  # one bias correction per tensor (scope)
         prods = _stack(beta1_prods, dtype)

@@ -14,6 +14,7 @@
  *   am_adam_apply_<T>_<ISA>    d = g + (beta + lam p) / (1 + lam p) (d - g), then x
  *   am_sgd_step_<T>_<ISA>      reduce -> rule -> apply per chunk, the rule as a tape of
  *   am_adam_step_<T>_<ISA>     amopt/_tape.py (chunks still in cache when applied)
+ *   am_advance_steps           step counters += 1 (and Adam's 1 / (1 - beta2^step))
  *   am_tape_eval, am_cpu_level, am_isa_built, am_openmp, am_abi_version, am_source_hash
  *
  * The three ISA variants come from one source compiled three times in this translation
@@ -65,6 +66,28 @@ AM_EXPORT int am_tape_eval(const am_insn *code, int64_t ncode, const double *in,
     for (int64_t j = 0; j < rows; j++) {
         if (am_run_tape(code, ncode, in + j * n_in, n_in, r)) return -1;
         for (int64_t o = 0; o < nouts; o++) out[j * nouts + o] = r[outs[o]];
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ step counters */
+
+/* Adds 1 to each step counter, a 0-d float (is_double[j] == 0) or double tensor at
+   steps[j], as torch._foreach_add_(steps, 1) does; with ib2 not NULL also sets Adam's
+   second-moment correction ib2[j] = 1 / (1 - beta2^step_j), in double. One call instead
+   of a dispatch per counter. */
+AM_EXPORT int am_advance_steps(int64_t count, void *const *steps, const uint8_t *is_double,
+                               double beta2, double *ib2) {
+    for (int64_t j = 0; j < count; j++) {
+        double s;
+        if (is_double[j]) {
+            double *p = (double *)steps[j];
+            s = *p = *p + 1.0;
+        } else {
+            float *p = (float *)steps[j];
+            s = *p = *p + 1.0f;
+        }
+        if (ib2) ib2[j] = 1.0 / (1.0 - pow(beta2, s));
     }
     return 0;
 }
