@@ -407,6 +407,10 @@ class MinimizeCase:
 # --------------------------------------------------------------------------- tiny LLaMA
 
 
+#: The implementations :class:`LlamaCase` can ask both optimizers for.
+LLAMA_PATHS = ("fused", "foreach", "default", "compiled")
+
+
 class LlamaCase:
     """A training iteration of a tiny LLaMA (``transformers``, built from a config).
 
@@ -420,8 +424,10 @@ class LlamaCase:
     optimizer : {"adamw", "am-adamw"}
         ``torch.optim.AdamW`` or ``AMAdamW`` (per-layer beta, the paper's LLM
         setting), both with ``lr=1e-3, weight_decay=1e-2``.
-    path : {"fused", "foreach", "default"}
-        The implementation both optimizers are asked for (``"default"``: no flag).
+    path : {"fused", "foreach", "default", "compiled"}
+        The implementation both optimizers are asked for (``"default"``: no flag;
+        ``"compiled"``: no flag, ``step`` under ``torch.compile``; the model itself
+        runs eagerly in every case).
     """
 
     def __init__(
@@ -436,8 +442,8 @@ class LlamaCase:
         seed: int = 0,
         path: str = "fused",
     ) -> None:
-        if path not in ("fused", "foreach", "default"):
-            raise ValueError(f"path must be 'fused', 'foreach' or 'default'; got path={path!r}")
+        if path not in LLAMA_PATHS:
+            raise ValueError(f"path must be one of {LLAMA_PATHS}; got path={path!r}")
         try:
             from transformers import LlamaConfig, LlamaForCausalLM
         except ImportError as exc:
@@ -463,13 +469,16 @@ class LlamaCase:
         gen = torch.Generator().manual_seed(seed + 1)
         self.ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
         params = list(self.model.parameters())
-        flags = {} if path == "default" else {path: True}
+        flags = {} if path in ("default", "compiled") else {path: True}
         if optimizer == "adamw":
             self.optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, **flags)
         elif optimizer == "am-adamw":
             self.optimizer = AMAdamW(params, lr=1e-3, weight_decay=1e-2, **flags)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; expected 'adamw' or 'am-adamw'")
+        self._step: Callable[[], Any] = self.optimizer.step
+        if path == "compiled":  # as in PyTorch's "Compiling the optimizer" recipe
+            self._step = torch.compile(self.optimizer.step)
         self.n_params = sum(p.numel() for p in params)
         self.n_tensors = len(params)
         self.fb_seconds: list[float] = []
@@ -486,7 +495,7 @@ class LlamaCase:
         loss = self.model(input_ids=self.ids, labels=self.ids).loss
         loss.backward()
         mid = time.perf_counter()
-        self.optimizer.step()
+        self._step()
         end = time.perf_counter()
         self.fb_seconds.append(mid - start)
         self.step_seconds.append(end - mid)

@@ -1,11 +1,12 @@
 """Torch optimizer steps: time, peak memory and state size, AM against torch's baselines.
 
-The rows of ``python -m amopt.bench``: ``AMAdamW(fused=True)`` against
-``AdamW(fused=True)`` on 25M float32 parameters (48 tensors with per-layer beta,
-one tensor with a global beta), and ``AMSGD(fused=True)`` against
-``SGD(momentum=0.9, dampening=0.9, foreach=True)``; the foreach AM paths for
-reference. On CUDA the fused CPU kernels do not apply; the foreach paths are
-timed there, with a device synchronisation after every step.
+The cases of ``python -m amopt.bench``: AM-AdamW against AdamW on 25M float32
+parameters (48 tensors with per-layer beta, one tensor with a global beta) with each
+implementation (default flags, ``fused=True``, ``foreach=True``, default flags with
+``step`` under ``torch.compile``), and AMSGD against ``SGD(momentum=0.9,
+dampening=0.9)`` (default flags, fused, foreach; per-layer and global beta). On CUDA
+the fused CPU kernels do not apply; the other paths are timed there, with a device
+synchronisation after every step.
 """
 
 from __future__ import annotations
@@ -13,8 +14,19 @@ from __future__ import annotations
 from amopt.bench import cases
 
 LAYOUTS = ("48 tensors, per-layer beta", "1 tensor, global beta")
-ADAM_KINDS = ("am_adamw_fused", "adamw_fused", "am_adamw_foreach", "adamw_foreach")
-SGD_KINDS = ("amsgd_fused", "sgd_foreach", "amsgd_foreach")
+#: AMSGD's default scope is the param group (global beta); per-layer as in the Adam rows
+SGD_LAYOUTS = ("48 tensors, per-layer beta", "48 tensors, global beta")
+ADAM_KINDS = (
+    "am_adamw_default",
+    "adamw_default",
+    "am_adamw_fused",
+    "adamw_fused",
+    "am_adamw_foreach",
+    "adamw_foreach",
+    "am_adamw_compiled",
+    "adamw_compiled",
+)
+SGD_KINDS = ("amsgd_default", "sgd_default", "amsgd_fused", "sgd_foreach", "amsgd_foreach")
 
 
 def _sizes(layout: str) -> tuple[int, int, bool]:
@@ -59,21 +71,20 @@ class TimeAdamFamilyStep:
 class TimeSGDFamilyStep:
     """One ``step()`` of AMSGD and torch's SGD with (dampened) momentum."""
 
-    params = (list(SGD_KINDS), [LAYOUTS[0]], cases.torch_devices() or ["cpu"])
+    params = (list(SGD_KINDS), list(SGD_LAYOUTS), cases.torch_devices() or ["cpu"])
     param_names = ["optimizer", "layout", "device"]
     timeout = 600
     warmup_time = 0.5
 
     def setup(self, kind: str, layout: str, device: str) -> None:
-        if kind.startswith("amsgd"):
-            # AMSGD's default scope is the param group (global beta)
-            n, t, _ = _sizes(layout)
-            try:
-                self.case = cases.OptimizerCase(kind, n, t, per_layer=False, device=device)
-            except cases.SkipCase as exc:
-                raise NotImplementedError(str(exc)) from None
-        else:
-            self.case = _case(kind, layout, device)
+        if device == "cuda" and kind == "amsgd_fused":
+            raise NotImplementedError("the fused AM kernels are CPU kernels")
+        n, t, _ = _sizes(LAYOUTS[0])
+        per_layer = layout == SGD_LAYOUTS[0]
+        try:
+            self.case = cases.OptimizerCase(kind, n, t, per_layer=per_layer, device=device)
+        except cases.SkipCase as exc:
+            raise NotImplementedError(str(exc)) from None
         self.case.run()
 
     def time_step(self, kind: str, layout: str, device: str) -> None:
