@@ -76,13 +76,24 @@ def _train(model, opt, X, y, step_fn):
     return iterates
 
 
+CAPTURABLE = [
+    pytest.param(AMAdamW, {"lr": 0.01, "capturable": True}, id="AMAdamW-capturable"),
+    pytest.param(
+        AMAdam, {"lr": 0.01, "per_layer": False, "capturable": True}, id="AMAdam-capturable"
+    ),
+]
+
+
 @pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
-@pytest.mark.parametrize(("cls", "kwargs"), CASES)
+@pytest.mark.parametrize(("cls", "kwargs"), CASES + CAPTURABLE)
 def test_compiled_step_has_no_graph_break_and_no_recompile(cls, kwargs, foreach):
+    """(``capturable=True``: the compiled step against the eager default one, which is
+    the reference arithmetic; eagerly the CPU is no capture device.)"""
     model, X, y = _model_and_data()
     eager_model = copy.deepcopy(model)
     opt = cls(model.parameters(), **kwargs, foreach=foreach)
-    eager_opt = cls(eager_model.parameters(), **kwargs, foreach=foreach)
+    eager_kwargs = {**kwargs, "capturable": False} if "capturable" in kwargs else kwargs
+    eager_opt = cls(eager_model.parameters(), **eager_kwargs, foreach=foreach)
     expected = _train(eager_model, eager_opt, X, y, eager_opt.step)
 
     torch._dynamo.reset()
@@ -110,6 +121,7 @@ def test_compiled_step_has_no_graph_break_and_no_recompile(cls, kwargs, foreach)
     for p, q in zip(model.parameters(), eager_model.parameters(), strict=True):
         for key, value in opt.state[p].items():
             torch.testing.assert_close(value, eager_opt.state[q][key], rtol=RTOL, atol=RTOL)
+        assert opt.state[p]["step"].device == p.device
 
 
 def test_inductor_compiled_step_matches_eager():

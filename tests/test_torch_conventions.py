@@ -688,3 +688,126 @@ def test_state_tensors_keep_their_identity_across_steps(cls):
     assert after == ids
     betas = opt.latest_betas()[0]
     assert all(b is betas[0] for b in betas)  # a global scope shares its beta
+
+
+# --------------------------------------------------------------------------- capturable
+
+ADAMS = [AMAdamW, AMAdam]
+
+
+class _HostOps(TorchDispatchMode):
+    """Records every operator that produces a CPU tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat = out if isinstance(out, list | tuple) else [out]
+        if any(isinstance(t, torch.Tensor) and t.is_cpu for t in flat):
+            self.ops.append(str(func))
+        return out
+
+
+def _meta_group():
+    """Parameters on the ``meta`` device, a stand-in accelerator: values are never
+    computed, and reading one on the host raises."""
+    params = [torch.nn.Parameter(torch.empty(4, 3, device="meta")) for _ in range(2)]
+    params.append(torch.nn.Parameter(torch.empty(5, device="meta")))
+    for p in params:
+        p.grad = torch.empty_like(p)
+    return params
+
+
+@pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])
+@pytest.mark.parametrize("impl", ["single", "foreach"])
+@pytest.mark.parametrize("cls", ADAMS, ids=_ids)
+def test_capturable_step_runs_nothing_on_the_host(monkeypatch, cls, impl, per_layer):
+    """``capturable=True``: counters, bias corrections, beta and products stay on the
+    parameters' device; not one operator of the step makes a CPU tensor. Without it the
+    bias corrections are computed on the CPU counters (the check sees those)."""
+    monkeypatch.setattr(_common, "capturable_devices", lambda: ["cuda", "meta"])
+    for capturable in (True, False):
+        params = _meta_group()
+        opt = cls(params, capturable=capturable, per_layer=per_layer, **IMPLS[impl])
+        opt.step()
+        host = _HostOps()
+        with host:
+            opt.step()
+            opt.latest_betas()
+        state = opt.state[params[0]]
+        if capturable:
+            assert host.ops == []
+            assert {state[k].device.type for k in ("step", "beta", "beta1_prod")} == {"meta"}
+        else:
+            assert "aten.pow.Scalar" in host.ops and state["step"].is_cpu
+
+
+@pytest.mark.parametrize("cls", ADAMS, ids=_ids)
+def test_capturable_on_an_unsupported_device_names_the_devices(cls):
+    model = _model()
+    X, y = _data()
+    opt = cls(model.parameters(), capturable=True)
+    _backward(model, opt, X, y)
+    with pytest.raises(
+        RuntimeError, match=r"capturable=True.*supported devices.*params\[0\] on cpu"
+    ):
+        opt.step()
+
+
+@pytest.mark.parametrize("cls", ADAMS, ids=_ids)
+def test_capturable_takes_number_hyper_parameters(cls):
+    model = _model()
+    with pytest.raises(ValueError, match="lr as a Tensor is not supported with capturable=True"):
+        cls(model.parameters(), lr=torch.tensor(0.01), capturable=True)
+    betas = (torch.tensor(0.9), torch.tensor(0.999))
+    with pytest.raises(ValueError, match=r"betas\[0\] as a Tensor .* capturable=True"):
+        cls(model.parameters(), betas=betas, capturable=True)
+    with pytest.raises(TypeError, match="capturable must be True or False"):
+        cls(model.parameters(), capturable="yes")
+
+
+def test_capturable_iterates_equal_the_default_ones(monkeypatch):
+    """Where the counters live changes nothing in the arithmetic."""
+    monkeypatch.setattr(_common, "capturable_devices", lambda: ["cpu"])
+    X, y = _data()
+    runs = []
+    for capturable in (False, True):
+        model = _model()
+        opt = AMAdamW(model.parameters(), lr=0.01, capturable=capturable, foreach=True)
+        for _ in range(3):
+            _backward(model, opt, X, y)
+            opt.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_capturable_state_dict_moves_the_counters_to_the_device(monkeypatch):
+    """A capturable checkpoint read back on the CPU (``map_location="cpu"``) loads with
+    its counters on the parameters' device; a default optimizer keeps them on the CPU."""
+    monkeypatch.setattr(_common, "capturable_devices", lambda: ["cuda", "meta"])
+    params = _meta_group()
+    captured = AMAdamW(params, capturable=True)
+    captured.step()
+    saved = captured.state_dict()
+    for state in saved["state"].values():
+        state["step"] = torch.ones((), dtype=state["step"].dtype)  # meta holds no value
+    fresh = AMAdamW(params, capturable=True)
+    fresh.load_state_dict(saved)
+    assert fresh.state[params[0]]["step"].device.type == "meta"
+    assert fresh.param_groups[0]["capturable"] is True
+    saved["param_groups"][0]["capturable"] = False  # as torch.optim: the saved groups rule
+    fresh.load_state_dict(saved)
+    assert fresh.state[params[0]]["step"].is_cpu
+
+
+def test_capturable_is_back_filled_for_old_pickles():
+    model = _model()
+    opt = AMAdamW(model.parameters())
+    state = opt.__getstate__()
+    for group in state["param_groups"]:
+        del group["capturable"]
+    opt.__setstate__(state)
+    assert all(g["capturable"] is False for g in opt.param_groups)

@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
-from amopt._config import AMConfig, check_choice, check_interval
+from amopt._config import AMConfig, check_bool, check_choice, check_interval
 from amopt.torch import _distributed, _fused
 from amopt.torch._common import (
     AdamHyper,
@@ -24,6 +24,7 @@ from amopt.torch._common import (
     as_float,
     as_real,
     bias_correction_roots,
+    check_capturable,
     check_fused_device,
     check_group_flags,
     check_lr,
@@ -61,6 +62,7 @@ _DEFAULTS: dict[str, Any] = {
     "beta_low": 0.1,
     "maximize": False,
     "foreach": None,
+    "capturable": False,
     "fused": None,
     "process_group": None,
 }
@@ -74,8 +76,9 @@ def _config(group: dict[str, Any]) -> AMConfig:
 
 
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
-    check_lr(group["lr"], foreach=group["foreach"])
-    check_tensor_betas(group["betas"], foreach=group["foreach"])
+    check_bool("capturable", group["capturable"])
+    check_lr(group["lr"], foreach=group["foreach"], capturable=group["capturable"])
+    check_tensor_betas(group["betas"], foreach=group["foreach"], capturable=group["capturable"])
     _config(group)
     check_choice("weight_decay_mode", group["weight_decay_mode"], modes)
     check_group_flags(group, nonnegative=("eps", "weight_decay"))
@@ -161,6 +164,14 @@ class AMAdamW(AMOptimizerBase):
 
         With neither ``fused`` nor ``foreach`` given, each step runs the fastest
         implementation for the group's device and dtype, as :class:`AMSGD` does.
+    capturable : bool, default False
+        As in ``torch.optim.Adam``: the step counters live on the parameters' device
+        and the step runs no operation on the host (the bias corrections are
+        computed on the device), so that it can be captured in a CUDA graph. The
+        parameters must be on a device ``torch.optim`` supports for capture
+        (``RuntimeError`` at the first step otherwise; not checked while
+        ``torch.compile`` traces). ``lr`` and ``betas`` must be numbers: the beta rule
+        takes them as constants, and a tensor's value would be read on the host.
     process_group : ProcessGroup, optional
         The ranks that together hold the parameters of a ``per_layer=False`` group
         of plain tensors, each rank a partition (found automatically inside
@@ -170,7 +181,8 @@ class AMAdamW(AMOptimizerBase):
 
     Notes
     -----
-    **State.** Per parameter: ``step`` (CPU counter), ``exp_avg``, ``exp_avg_sq``,
+    **State.** Per parameter: ``step`` (CPU counter; on the parameter's device with
+    ``capturable=True``), ``exp_avg``, ``exp_avg_sq``,
     ``beta1_prod`` (:math:`\pi` of the parameter's scope) and ``beta`` (the 0-d
     beta last applied), the last two in the accumulation dtype (float32 for
     half-precision and float32 parameters, float64 for float64). ``state_dict()``
@@ -180,7 +192,8 @@ class AMAdamW(AMOptimizerBase):
     parameter (every scope) as device tensors, without synchronising.
 
     **No host synchronisation.** ``step()`` reads no device value on the host;
-    the bias correction :math:`1-\beta_2^t` comes from the CPU step counters.
+    the bias correction :math:`1-\beta_2^t` comes from the CPU step counters (from
+    the device counters, on the device, with ``capturable=True``).
     State tensors are updated in place, so ``torch.compile`` of a function
     calling ``step()`` compiles once.
 
@@ -241,6 +254,7 @@ class AMAdamW(AMOptimizerBase):
         *,
         maximize: bool = False,
         foreach: bool | None = None,
+        capturable: bool = False,
         fused: bool | None = None,
         process_group: Any = None,
     ) -> None:
@@ -259,6 +273,7 @@ class AMAdamW(AMOptimizerBase):
             "beta_low": beta_low,
             "maximize": maximize,
             "foreach": foreach,
+            "capturable": capturable,
             "fused": fused,
             "process_group": process_group,
         }
@@ -315,7 +330,7 @@ class AMAdamW(AMOptimizerBase):
             if len(state) == 0:
                 if group["fused"]:
                     check_fused_device(p)
-                state["step"] = new_step()
+                state["step"] = new_step(p.device if group["capturable"] else None)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group_prod is None:
@@ -392,6 +407,7 @@ class AMAdamW(AMOptimizerBase):
                 beta_high=group["beta_high"],
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
+                capturable=group["capturable"],
                 process_group=_distributed.scope_group(self, group, grads),
             )
             skip = InfSkip(found_inf, ())
@@ -422,7 +438,9 @@ class AMAdam(AMAdamW):
     ----------
     params, lr, betas, eps, lam, per_layer
         As in :class:`AMAdamW`.
-    variant, beta_min, theta, beta_high, beta_low, maximize, foreach, fused, process_group
+    variant, beta_min, theta, beta_high, beta_low, maximize, foreach, capturable, fused
+        As in :class:`AMAdamW`.
+    process_group
         As in :class:`AMAdamW`.
     weight_decay : float, default 0
         L2 penalty coefficient :math:`\mu \ge 0` added to the gradient.
@@ -459,6 +477,7 @@ class AMAdam(AMAdamW):
         *,
         maximize: bool = False,
         foreach: bool | None = None,
+        capturable: bool = False,
         fused: bool | None = None,
         process_group: Any = None,
     ) -> None:
@@ -478,6 +497,7 @@ class AMAdam(AMAdamW):
             beta_low=beta_low,
             maximize=maximize,
             foreach=foreach,
+            capturable=capturable,
             fused=fused,
             process_group=process_group,
         )
@@ -512,6 +532,7 @@ def am_adamw(
     beta_high: float = 0.9,
     beta_low: float = 0.1,
     maximize: bool = False,
+    capturable: bool = False,
     process_group: Any = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     r"""Functional AM-AdamW / AM-Adam: one step over ``params`` in place. See :class:`AMAdamW`.
@@ -544,6 +565,10 @@ def am_adamw(
     weight_decay_mode : {"decoupled", "proximal", "l2"}
         ``"l2"`` is AM-Adam: ``weight_decay * x`` is added to the gradient and
         the beta rule and update use no decay.
+    capturable : bool, default False
+        As in :class:`AMAdamW`: the parameters and ``state_steps`` must be on a device
+        ``torch.optim`` supports for graph capture (checked unless ``torch.compile``
+        is tracing); nothing then runs on the host.
     process_group : ProcessGroup, optional
         With ``per_layer=False``: the ranks whose plain-tensor ``params`` together
         form the scope. DTensors are combined over their device mesh.
@@ -565,6 +590,8 @@ def am_adamw(
     (0.9, 0.9)
     """
     check_choice("weight_decay_mode", weight_decay_mode, WEIGHT_DECAY_MODES)
+    if capturable:
+        check_capturable(params, state_steps)
     config = rule_config(
         lam=lam,
         beta_max=as_float(beta1),
@@ -947,7 +974,10 @@ def _multi_tensor_am_adamw(
         else:
             dev_grads = list(dev_grads_)
         dev_steps = list(dev_steps_)
-        torch._foreach_add_(dev_steps, torch.tensor(1.0), alpha=1.0)
+        if dev_steps[0].is_cpu:  # one wrapped 1 for the per-counter loop of the CPU
+            torch._foreach_add_(dev_steps, torch.tensor(1.0), alpha=1.0)
+        else:  # capturable=True: counters on the device, nothing made on the host
+            torch._foreach_add_(dev_steps, 1.0)
         lists = tuple(
             [as_real(t) for t in ts]
             for ts in (dev_params, dev_grads, dev_exp_avgs_, dev_exp_avg_sqs_)

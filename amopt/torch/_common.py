@@ -32,6 +32,10 @@ SCALAR_STATE_KEYS = ("beta", "beta1_prod")
 PATHS = ("single", "foreach", "fused", "triton")
 
 _NO_CAPTURABLE = "the AM optimizers have no capturable mode"
+_NO_TENSOR_CAPTURABLE = (
+    "the AM beta rule takes lr and betas as numbers, and reading a tensor's value would "
+    "synchronise with the device at every step"
+)
 
 
 # --------------------------------------------------------------------------- validation
@@ -51,16 +55,22 @@ def _scalar_tensor(value: Tensor) -> Tensor:
     return value.reshape(()) if value.dim() != 0 and value.numel() == 1 else value
 
 
-def check_lr(value: Any, *, foreach: bool | None = None) -> float:
+def check_lr(value: Any, *, foreach: bool | None = None, capturable: bool = False) -> float:
     """``lr``: a finite real number >= 0, or a 1-element tensor holding one.
 
     As in ``torch.optim.Adam``, a tensor lr with ``foreach=True`` is a ``ValueError``
-    (there it needs ``capturable=True``, which the AM optimizers do not have).
+    (there it needs ``capturable=True``, which the AM optimizers do not have). With
+    ``capturable=True`` a tensor lr is refused too: its value would be read on the host.
     """
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(
                 f"Tensor lr must be 1-element; got lr={value!r} with {value.numel()} elements"
+            )
+        if capturable:
+            raise ValueError(
+                f"lr as a Tensor is not supported with capturable=True ({_NO_TENSOR_CAPTURABLE}); "
+                f"got lr={value!r}; pass a float lr"
             )
         if foreach:
             raise ValueError(
@@ -72,7 +82,9 @@ def check_lr(value: Any, *, foreach: bool | None = None) -> float:
     return check_nonnegative("lr", value)
 
 
-def check_tensor_betas(value: Any, *, foreach: bool | None = None) -> tuple[float, float]:
+def check_tensor_betas(
+    value: Any, *, foreach: bool | None = None, capturable: bool = False
+) -> tuple[float, float]:
     """``betas`` of the Adam family: two numbers in ``[0, 1)``, or two 1-element tensors.
 
     The rules of ``torch.optim.Adam``: both floats or both tensors, each tensor of one
@@ -91,6 +103,11 @@ def check_tensor_betas(value: Any, *, foreach: bool | None = None) -> tuple[floa
                 raise ValueError(
                     f"Tensor betas[{k}] must be 1-element; got betas[{k}]={b!r} with "
                     f"{b.numel()} elements"
+                )
+            if capturable:
+                raise ValueError(
+                    f"betas[{k}] as a Tensor is not supported with capturable=True "
+                    f"({_NO_TENSOR_CAPTURABLE}); got betas={value!r}; pass floats"
                 )
             if foreach:
                 raise ValueError(
@@ -199,10 +216,42 @@ def real_dtype(t: Tensor) -> torch.dtype:
     return t.real.dtype if torch.is_complex(t) else t.dtype
 
 
-def new_step() -> Tensor:
-    """A fresh step counter: a 0-d tensor on the CPU, as in ``torch.optim.Adam``."""
+def new_step(device: torch.device | None = None) -> Tensor:
+    """A fresh step counter: a 0-d tensor, as in ``torch.optim.Adam``.
+
+    On the CPU, unless ``device`` is given (``capturable=True``: on the parameter's
+    device, so that a captured step reads and advances it there).
+    """
     dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    return torch.zeros((), dtype=dtype)
+    if device is not None and device.type == "mps":
+        dtype = torch.float32  # MPS has no float64
+    return torch.zeros((), dtype=dtype, device=device)
+
+
+def capturable_devices() -> list[str]:
+    """Device types ``capturable=True`` supports: ``torch.optim``'s own list."""
+    from torch.optim.optimizer import _get_capturable_supported_devices
+
+    return _get_capturable_supported_devices()
+
+
+def check_capturable(params: Sequence[Tensor], steps: Sequence[Tensor]) -> None:
+    """``capturable=True``: parameters and step counters on one supported device type.
+
+    As ``torch.optim.Adam`` checks it (a ``RuntimeError`` here rather than its
+    ``AssertionError``), and not while ``torch.compile`` traces, which handles
+    graph capture itself.
+    """
+    if torch.compiler.is_compiling():
+        return
+    devices = capturable_devices()
+    for k, (p, s) in enumerate(zip(params, steps, strict=True)):
+        if p.device.type not in devices or s.device.type != p.device.type:
+            raise RuntimeError(
+                "If capturable=True, params and state_steps must be on supported devices: "
+                f"{devices}; got params[{k}] on {p.device} and state_steps[{k}] on "
+                f"{s.device}. Use capturable=False on this device"
+            )
 
 
 def as_real(t: Tensor) -> Tensor:
@@ -394,14 +443,16 @@ def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -
 
 
 def bias_correction_roots(steps: Sequence[Tensor], beta2: float) -> list[Tensor]:
-    """``[sqrt(1 - beta2**step) for step in steps]`` as CPU float64 0-d tensors.
+    """``[sqrt(1 - beta2**step) for step in steps]`` as 0-d tensors where the steps are.
 
-    The step counters live on the CPU, so this never touches the device; the
-    0-d results act as scalars in the device kernels that use them. The square
+    In float64 (float32 on MPS). The step counters live on the CPU, so this never
+    touches the device and the 0-d results act as scalars in the device kernels that
+    use them; with ``capturable=True`` they live on the device and so does all of this. The square
     root: ``sqrt(v) / sqrt(1 - beta2**t)``, as ``torch.optim.Adam`` forms it, stays
     finite where ``v / (1 - beta2**t)`` overflows.
     """
-    s = torch.stack(list(steps)).to(torch.float64)
+    s = torch.stack(list(steps))
+    s = s.to(wide_dtype(s.device))
     return list((1.0 - torch.pow(beta2, s)).sqrt().unbind())
 
 
@@ -759,12 +810,15 @@ class AMOptimizerBase(Optimizer):
         tensor to its parameter's dtype; for the 0-d beta entries of bf16/fp16
         parameters (and float32 parameters of a float64 global scope) that would
         lose precision, so they are restored with their saved dtype, on the
-        parameter's device. Step counters are kept on the CPU.
+        parameter's device. Step counters are kept on the CPU (on the parameter's
+        device with ``capturable=True``).
         """
         super().load_state_dict(state_dict)
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-        params = chain.from_iterable(g["params"] for g in self.param_groups)
-        for saved_id, p in zip(saved_ids, params, strict=True):
+        params = chain.from_iterable(
+            ((p, bool(g.get("capturable"))) for p in g["params"]) for g in self.param_groups
+        )
+        for saved_id, (p, on_device) in zip(saved_ids, params, strict=True):
             saved = state_dict["state"].get(saved_id)
             if not saved or p not in self.state:
                 continue
@@ -774,8 +828,9 @@ class AMOptimizerBase(Optimizer):
                 if isinstance(value, Tensor):
                     state[key] = value.to(device=p.device)
             step = state.get("step")
-            if isinstance(step, Tensor) and step.device.type != "cpu":
-                state["step"] = step.to("cpu")
+            home = p.device if on_device else torch.device("cpu")
+            if isinstance(step, Tensor) and step.device != home:
+                state["step"] = step.to(home)
 
     def _backfill_steps(self) -> None:
         """Older states may hold Python-number steps: make them CPU tensors."""
@@ -783,6 +838,6 @@ class AMOptimizerBase(Optimizer):
             for p in group["params"]:
                 state = self.state.get(p)
                 if state and "step" in state and not torch.is_tensor(state["step"]):
-                    step = new_step()
+                    step = new_step(p.device if group.get("capturable") else None)
                     step.fill_(float(state["step"]))
                     state["step"] = step
