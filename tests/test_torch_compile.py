@@ -40,11 +40,13 @@ class CountingBackend:
 
     def __init__(self) -> None:
         self.graphs = 0
+        self.targets: set[str] = set()
 
     def __call__(self, gm, example_inputs):
         from torch._dynamo.backends.debugging import aot_eager
 
         self.graphs += 1
+        self.targets |= {str(node.target) for node in gm.graph.nodes}
         return aot_eager(gm, example_inputs)
 
 
@@ -84,11 +86,13 @@ CAPTURABLE = [
 ]
 
 
-@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+@pytest.mark.parametrize("foreach", [False, True, None], ids=["single", "foreach", "default"])
 @pytest.mark.parametrize(("cls", "kwargs"), CASES + CAPTURABLE)
 def test_compiled_step_has_no_graph_break_and_no_recompile(cls, kwargs, foreach):
-    """(``capturable=True``: the compiled step against the eager default one, which is
-    the reference arithmetic; eagerly the CPU is no capture device.)"""
+    """Every path, the default one included (on the CPU the fused kernels, which the
+    graph holds as one custom operator). ``capturable=True``: the compiled step against
+    the eager default one, the reference arithmetic; eagerly the CPU is no capture
+    device."""
     model, X, y = _model_and_data()
     eager_model = copy.deepcopy(model)
     opt = cls(model.parameters(), **kwargs, foreach=foreach)
@@ -113,6 +117,8 @@ def test_compiled_step_has_no_graph_break_and_no_recompile(cls, kwargs, foreach)
     got = _train(model, opt, X, y, step_and_count)
 
     assert _own_graph_breaks() == {}
+    fused_ops = {t for t in backend.targets if t.startswith("amopt.fused_")}
+    assert bool(fused_ops) == (foreach is None), backend.targets  # CPU default: fused
     assert graphs_after[0] == 1, "the step traces into one graph"
     assert graphs_after == [1] * N_STEPS, f"recompiled after the first step: {graphs_after}"
     for t, (xs, refs) in enumerate(zip(got, expected, strict=True)):

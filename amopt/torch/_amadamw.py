@@ -11,7 +11,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_bool, check_choice, check_interval
-from amopt.torch import _distributed, _fused
+from amopt.torch import _distributed, _fused, _fused_ops
 from amopt.torch._common import (
     AdamHyper,
     AdamTensors,
@@ -44,6 +44,15 @@ from amopt.torch._common import (
     warn_path_fallback,
 )
 from amopt.torch._fused import warn_fallback
+
+
+@torch._dynamo.disable
+def _eager_fused_am_adamw(*args: Any) -> Any:
+    """:func:`amopt.torch._fused.fused_am_adamw`, run eagerly where ``torch.compile`` traces a
+    step that cannot take the custom operator (a graph break at this call): dynamo
+    cannot trace the kernels' ctypes call."""
+    return _fused.fused_am_adamw(*args)
+
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
@@ -619,6 +628,8 @@ def am_adamw(
     if path == "triton":  # the Triton kernels unscale and skip themselves
         return triton_module().triton_am_adamw(t, h, amp)
     if path == "fused":  # so do the C kernels
+        if sync is None and torch.compiler.is_compiling():  # one node of the graph
+            return _fused_ops.fused_am_adamw_traced(t, h, amp)
         return _fused_am_adamw(t, h, amp, sync)
     func = _multi_tensor_am_adamw if path == "foreach" else _single_tensor_am_adamw
     return _amp_am_adamw(func, t, h, amp, sync)
@@ -651,7 +662,7 @@ def _fused_am_adamw(
     t: AdamTensors, h: AdamHyper, amp: Scaler, sync: _distributed.ScopeSync | None
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    out = _fused.fused_am_adamw(t, h, amp, sync)
+    out = _eager_fused_am_adamw(t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed, the products neither
         dtype = accumulation_dtype([real_dtype(p) for p in t.params])
         skipped = torch.zeros((), dtype=dtype, device=t.params[0].device)

@@ -11,7 +11,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_interval
-from amopt.torch import _distributed, _fused
+from amopt.torch import _distributed, _fused, _fused_ops
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
@@ -40,6 +40,15 @@ from amopt.torch._common import (
     wide_dtype,
 )
 from amopt.torch._fused import warn_fallback
+
+
+@torch._dynamo.disable
+def _eager_fused_amsgd(*args: Any) -> Any:
+    """:func:`amopt.torch._fused.fused_amsgd`, run eagerly where ``torch.compile`` traces a
+    step that cannot take the custom operator (a graph break at this call): dynamo
+    cannot trace the kernels' ctypes call."""
+    return _fused.fused_amsgd(*args)
+
 
 __all__ = ["AMSGD", "amsgd"]
 
@@ -500,7 +509,11 @@ def amsgd(
     if path == "triton":  # the Triton kernels unscale and skip themselves
         betas = triton_module().triton_amsgd(t, h, amp)
     elif path == "fused":  # so do the C kernels
-        betas = _fused_amsgd(t, h, amp, sync)
+        traced = sync is None and torch.compiler.is_compiling()
+        if traced and all(b is not None for b in momentum_buffer_list):  # one graph node
+            betas = _fused_ops.fused_amsgd_traced(t, h, amp)
+        else:
+            betas = _fused_amsgd(t, h, amp, sync)
     else:
         func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
         betas = _amp_amsgd(func, t, h, amp, sync)
@@ -532,7 +545,7 @@ def _fused_amsgd(
     t: SGDTensors, h: SGDHyper, amp: Scaler, sync: _distributed.ScopeSync | None
 ) -> list[Tensor]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    out = _fused.fused_amsgd(t, h, amp, sync)
+    out = _eager_fused_amsgd(t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
         return [_skipped_beta(t.params)] * len(t.params)
     if isinstance(out, str):

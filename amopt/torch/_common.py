@@ -525,11 +525,24 @@ def check_fused_device(p: Tensor) -> None:
 _REAL_DTYPES = frozenset((torch.float32, torch.float64))
 
 
-def _fused_cpu_unavailable(tensors: Sequence[Tensor]) -> str | None:
+@torch.compiler.assume_constant_result
+def _fused_cpu_missing() -> str:
+    """Why the fused CPU kernels cannot be loaded ("" when they can).
+
+    Loading takes a lock and may compile; ``torch.compile`` calls this eagerly and keeps
+    its result as a constant of the graph.
+    """
     from amopt.torch import _fused  # the C kernels import this module
 
     if _fused.library() is None:
         return f"the fused CPU kernels are unavailable ({_fused.fused_status()['error']})"
+    return ""
+
+
+def _fused_cpu_unavailable(tensors: Sequence[Tensor]) -> str | None:
+    missing = _fused_cpu_missing()
+    if missing:
+        return missing
     try:
         dense = all(t.is_contiguous() for t in tensors)
     except RuntimeError:  # sparse and other layouts have no strides

@@ -1,0 +1,176 @@
+"""The fused CPU steps of AMSGD and AM-AdamW as ``torch.library`` custom operators.
+
+``torch.compile`` cannot trace the kernels' ctypes call; registered as the operators
+``amopt::fused_amsgd_`` and ``amopt::fused_am_adamw_`` (mutating the parameters, the
+state and the step counters in place, with fake implementations that give the shapes
+of their outputs) the call stays inside the compiled graph as one opaque node: no
+graph break, and the compiled step runs the same C kernels as the eager one. Eagerly
+the optimizers call the driver directly; the operators are only what the compiler
+sees. Where the kernels cannot run the operators take the foreach path, as the eager
+step does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from amopt._config import AMConfig
+from amopt.torch._common import (
+    AdamHyper,
+    AdamTensors,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+    accumulation_dtype,
+    real_dtype,
+)
+
+__all__: list[str] = []
+
+
+@torch.library.custom_op(
+    "amopt::fused_am_adamw_",
+    mutates_args=("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
+    device_types="cpu",
+)
+def _fused_am_adamw_op(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    numbers: list[float],
+    weight_decay_mode: str,
+    maximize: bool,
+    per_layer: bool,
+    variant: str | None,
+) -> tuple[Tensor, Tensor]:
+    """One fused AM-AdamW step; per parameter the beta applied and its scope's product.
+
+    ``numbers``: ``lr, beta2, eps, weight_decay`` and the rule's ``lam, beta_max,
+    beta_min, theta, beta_high, beta_low``.
+    """
+    from amopt.torch._amadamw import _fused_am_adamw
+
+    lr, beta2, eps, weight_decay, *rule = numbers
+    config = _config(rule, per_layer, variant)
+    t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+    h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
+    betas, prods = _fused_am_adamw(t, h, Scaler(grad_scale, found_inf), None)
+    dtype = _dtype(params)
+    return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
+
+
+def _dtype(params: list[Tensor]) -> torch.dtype:
+    return accumulation_dtype([real_dtype(p) for p in params])
+
+
+def _config(rule: list[float], per_layer: bool, variant: str | None) -> AMConfig:
+    lam, beta_max, beta_min, theta, beta_high, beta_low = rule
+    return AMConfig.cached(
+        lam=lam,
+        beta_max=beta_max,
+        numerator="linear",
+        per_layer=per_layer,
+        variant=variant,
+        beta_min=beta_min,
+        theta=theta,
+        beta_high=beta_high,
+        beta_low=beta_low,
+    )
+
+
+def _rule_numbers(c: Any) -> list[float]:
+    return [float(v) for v in (c.lam, c.beta_max, c.beta_min, c.theta, c.beta_high, c.beta_low)]
+
+
+@torch.library.custom_op(
+    "amopt::fused_amsgd_",
+    mutates_args=("params", "momentum_buffer_list", "state_steps"),
+    device_types="cpu",
+)
+def _fused_amsgd_op(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor],
+    state_steps: list[Tensor],
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    numbers: list[float],
+    maximize: bool,
+    per_layer: bool,
+    variant: str | None,
+) -> Tensor:
+    """One fused AMSGD step; per parameter the beta applied.
+
+    ``numbers``: ``lr, weight_decay`` and the rule's ``lam, beta_max, beta_min, theta,
+    beta_high, beta_low``. Every momentum buffer exists (the optimizer makes it
+    ``d = g`` before the first step).
+    """
+    from amopt.torch._amsgd import _fused_amsgd
+
+    lr, weight_decay, *rule = numbers
+    h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
+    t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
+    betas = _fused_amsgd(t, h, Scaler(grad_scale, found_inf), None)
+    return torch.stack(betas).to(_dtype(params))
+
+
+@_fused_amsgd_op.register_fake
+def _(params, *args):  # noqa: ANN001, ANN002, ANN202
+    return params[0].new_empty((len(params),), dtype=_dtype(params))
+
+
+def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
+    """The fused AMSGD step through the operator (what ``torch.compile`` traces)."""
+    c: Any = h.config
+    betas = _fused_amsgd_op(
+        list(t.params),
+        list(t.grads),
+        list(t.momentum_buffer_list),  # type: ignore[arg-type]
+        list(t.state_steps),
+        amp.grad_scale,
+        amp.found_inf,
+        [float(h.lr), float(h.weight_decay), *_rule_numbers(c)],
+        bool(h.maximize),
+        bool(c.per_layer),
+        c.variant,
+    )
+    return list(betas.unbind())
+
+
+@_fused_am_adamw_op.register_fake
+def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, *args):  # noqa: ANN001, ANN002, ANN202
+    n, dtype = len(params), _dtype(params)
+    return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
+
+
+def fused_am_adamw_traced(
+    t: AdamTensors, h: AdamHyper, amp: Scaler
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The fused AM-AdamW step through the operator (what ``torch.compile`` traces)."""
+    c: Any = h.config
+    numbers = [float(h.lr), float(h.beta2), float(h.eps), float(h.weight_decay)]
+    numbers += _rule_numbers(c)
+    betas, prods = _fused_am_adamw_op(
+        list(t.params),
+        list(t.grads),
+        list(t.exp_avgs),
+        list(t.exp_avg_sqs),
+        list(t.state_steps),
+        list(t.beta1_prods),
+        amp.grad_scale,
+        amp.found_inf,
+        numbers,
+        h.weight_decay_mode,
+        bool(h.maximize),
+        bool(c.per_layer),
+        c.variant,
+    )
+    return list(betas.unbind()), list(prods.unbind())
