@@ -113,12 +113,35 @@ def _optimizers(kind_a: str, kind_b: str, n_tensors: int, per_layer: bool) -> Ca
         _set_threads(s)
         n, t = _sizes(s, N_PARAMS, n_tensors)
         a = cases.OptimizerCase(kind_a, n, t, per_layer=per_layer)
+        compiled = _compile_counts(a) if kind_a.endswith("_compiled") else ""
         b = cases.OptimizerCase(kind_b, n, t, per_layer=per_layer)
         p = interleave(a.run, b.run, repeat=s.repeat, warmup=3)
         tensors = f"{t} tensor" + ("s" if t != 1 else "")
-        return Measured.from_paired(p, scale=1e3, unit="ms", note=f"{n:,} params, {tensors}")
+        note = f"{n:,} params, {tensors}{compiled}"
+        return Measured.from_paired(p, scale=1e3, unit="ms", note=note)
 
     return measure
+
+
+def _compile_counts(case: cases.OptimizerCase) -> str:
+    """Three compiled steps of ``case``: its graphs, recompilations and graph breaks.
+
+    Graph breaks that are ``torch.optim``'s own deliberate ``graph_break()`` calls are
+    not counted (the AM optimizers make none; torch's AdamW wrapper makes two).
+    """
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    case.run()
+    first = counters["stats"]["unique_graphs"]
+    case.run()
+    case.run()
+    graphs = counters["stats"]["unique_graphs"]
+    own = sum(n for why, n in counters["graph_break"].items() if "graph_break()" not in why)
+    return (
+        f"; compiled step: {first} graph(s) at the first step, {graphs - first} "
+        f"recompilation(s) in the next two, {own} graph break(s)"
+    )
 
 
 def _core_step(s: Settings) -> Measured:
