@@ -71,23 +71,17 @@ def _dtype(params: list[Tensor]) -> torch.dtype:
     return accumulation_dtype([real_dtype(p) for p in params])
 
 
+#: The rule's numeric options, in the order the operators take them in ``numbers``.
+_RULE_FIELDS = ("lam", "beta_max", "beta_min", "theta", "beta_high", "beta_low")
+
+
 def _config(rule: list[float], per_layer: bool, variant: str | None) -> AMConfig:
-    lam, beta_max, beta_min, theta, beta_high, beta_low = rule
-    return AMConfig.cached(
-        lam=lam,
-        beta_max=beta_max,
-        numerator="linear",
-        per_layer=per_layer,
-        variant=variant,
-        beta_min=beta_min,
-        theta=theta,
-        beta_high=beta_high,
-        beta_low=beta_low,
-    )
+    options = dict(zip(_RULE_FIELDS, rule, strict=True))
+    return AMConfig.cached(numerator="linear", per_layer=per_layer, variant=variant, **options)
 
 
 def _rule_numbers(c: Any) -> list[float]:
-    return [float(v) for v in (c.lam, c.beta_max, c.beta_min, c.theta, c.beta_high, c.beta_low)]
+    return [float(getattr(c, name)) for name in _RULE_FIELDS]
 
 
 @torch.library.custom_op(
