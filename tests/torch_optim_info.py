@@ -449,6 +449,24 @@ def _adam_errors() -> tuple[ErrorInput, ...]:
             r"betas\[0\] as a Tensor is not supported for capturable=False and foreach=True",
         ),
         ErrorInput(
+            "tensor lr with capturable",
+            {"lr": torch.tensor(0.1), "capturable": True},
+            ValueError,
+            r"lr as a Tensor is not supported with capturable=True",
+        ),
+        ErrorInput(
+            "tensor betas with capturable",
+            {"betas": (torch.tensor(0.9), torch.tensor(0.99)), "capturable": True},
+            ValueError,
+            r"betas\[0\] as a Tensor is not supported with capturable=True",
+        ),
+        ErrorInput(
+            "capturable not a bool",
+            {"capturable": 1},
+            TypeError,
+            r"capturable must be True or False; got capturable=1",
+        ),
+        ErrorInput(
             "tensor beta2 out of range",
             {"betas": (torch.tensor(0.9), torch.tensor(1.0))},
             ValueError,
