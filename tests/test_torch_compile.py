@@ -151,3 +151,19 @@ def test_inductor_compiled_step_matches_eager():
     for xs, refs in zip(got, expected, strict=True):
         for x, ref in zip(xs, refs, strict=True):
             torch.testing.assert_close(x, ref, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.parametrize("cls", [AMSGD, AMAdamW], ids=["AMSGD", "AMAdamW"])
+def test_default_step_compiles_with_fullgraph(cls):
+    """No graph break at all: ``fullgraph=True`` (which torch's own AdamW step cannot pass,
+    its wrapper breaks the graph on purpose) compiles the default CPU step."""
+    model, X, y = _model_and_data()
+    eager_model = copy.deepcopy(model)
+    opt = cls(model.parameters(), lr=0.01)
+    eager_opt = cls(eager_model.parameters(), lr=0.01)
+    expected = _train(eager_model, eager_opt, X, y, eager_opt.step)
+    torch._dynamo.reset()
+    got = _train(model, opt, X, y, torch.compile(opt.step, fullgraph=True, backend="aot_eager"))
+    for xs, refs in zip(got, expected, strict=True):
+        for x, ref in zip(xs, refs, strict=True):
+            torch.testing.assert_close(x, ref, rtol=RTOL, atol=RTOL)
