@@ -45,15 +45,6 @@ from amopt.torch._common import (
 )
 from amopt.torch._fused import warn_fallback
 
-
-@torch._dynamo.disable
-def _eager_fused_am_adamw(*args: Any) -> Any:
-    """:func:`amopt.torch._fused.fused_am_adamw`, run eagerly where ``torch.compile`` traces a
-    step that cannot take the custom operator (a graph break at this call): dynamo
-    cannot trace the kernels' ctypes call."""
-    return _fused.fused_am_adamw(*args)
-
-
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
 #: Weight-decay modes of the functional ``am_adamw``; ``"l2"`` is AM-Adam.
@@ -662,7 +653,7 @@ def _fused_am_adamw(
     t: AdamTensors, h: AdamHyper, amp: Scaler, sync: _distributed.ScopeSync | None
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    out = _eager_fused_am_adamw(t, h, amp, sync)
+    out = _fused.eagerly(_fused.fused_am_adamw, t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed, the products neither
         dtype = accumulation_dtype([real_dtype(p) for p in t.params])
         skipped = torch.zeros((), dtype=dtype, device=t.params[0].device)

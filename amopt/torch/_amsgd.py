@@ -41,15 +41,6 @@ from amopt.torch._common import (
 )
 from amopt.torch._fused import warn_fallback
 
-
-@torch._dynamo.disable
-def _eager_fused_amsgd(*args: Any) -> Any:
-    """:func:`amopt.torch._fused.fused_amsgd`, run eagerly where ``torch.compile`` traces a
-    step that cannot take the custom operator (a graph break at this call): dynamo
-    cannot trace the kernels' ctypes call."""
-    return _fused.fused_amsgd(*args)
-
-
 __all__ = ["AMSGD", "amsgd"]
 
 _DEFAULTS: dict[str, Any] = {
@@ -545,7 +536,7 @@ def _fused_amsgd(
     t: SGDTensors, h: SGDHyper, amp: Scaler, sync: _distributed.ScopeSync | None
 ) -> list[Tensor]:
     """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    out = _eager_fused_amsgd(t, h, amp, sync)
+    out = _fused.eagerly(_fused.fused_amsgd, t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
         return [_skipped_beta(t.params)] * len(t.params)
     if isinstance(out, str):

@@ -447,9 +447,9 @@ def bias_correction_roots(steps: Sequence[Tensor], beta2: float) -> list[Tensor]
 
     In float64 (float32 on MPS). The step counters live on the CPU, so this never
     touches the device and the 0-d results act as scalars in the device kernels that
-    use them; with ``capturable=True`` they live on the device and so does all of this. The square
-    root: ``sqrt(v) / sqrt(1 - beta2**t)``, as ``torch.optim.Adam`` forms it, stays
-    finite where ``v / (1 - beta2**t)`` overflows.
+    use them; with ``capturable=True`` they live on the device and so does all of this.
+    The square root: ``sqrt(v) / sqrt(1 - beta2**t)``, as ``torch.optim.Adam`` forms it,
+    stays finite where ``v / (1 - beta2**t)`` overflows.
     """
     s = torch.stack(list(steps))
     s = s.to(wide_dtype(s.device))

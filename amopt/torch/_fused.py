@@ -83,6 +83,7 @@ from amopt.torch._common import (
 __all__ = [
     "FusedFallbackWarning",
     "UnsafeKernelPath",
+    "eagerly",
     "fallback_grads",
     "fused_am_adamw",
     "fused_amsgd",
@@ -584,8 +585,7 @@ def _check_common(
             addresses.append([0 if t is None else t.data_ptr() for t in array])
     except (RuntimeError, ValueError):  # e.g. is_contiguous() of a sparse tensor
         return None
-    used = [p for ptrs in addresses for p in ptrs if p]
-    if len(set(used)) != len(used):
+    if _aliased(addresses):
         return None
     return arrays, dtype, numels, addresses  # type: ignore[return-value]
 
@@ -625,10 +625,24 @@ def _check_each(
                 return "a gradient or state has another size than its parameter"
             ptrs.append(t.data_ptr())
         addresses.append(ptrs)
-    used = [p for ptrs in addresses for p in ptrs if p]
-    if len(set(used)) != len(used):
+    if _aliased(addresses):
         return "a parameter shares memory with its gradient, its state or another parameter"
     return arrays, dtype, numels, addresses  # type: ignore[return-value]
+
+
+def _aliased(addresses: list[list[int]]) -> bool:
+    """Whether two of the tensors (0: a buffer still to create) start at one address."""
+    used = [p for ptrs in addresses for p in ptrs if p]
+    return len(set(used)) != len(used)
+
+
+@torch.compiler.disable
+def eagerly(step: Any, *args: Any) -> Any:
+    """``step(*args)`` (:func:`fused_amsgd` or :func:`fused_am_adamw`) run eagerly where
+    ``torch.compile`` traces a step that cannot take the custom operators of
+    :mod:`amopt.torch._fused_ops`: dynamo cannot trace the kernels' ctypes call (a graph
+    break at this call)."""
+    return step(*args)
 
 
 class _Steps:
@@ -651,11 +665,7 @@ def _check_steps(steps: Sequence[Tensor]) -> str | _Steps:
     """The counters as :class:`_Steps`, or why the kernels cannot advance them."""
     for s in steps:
         if not (
-            type(s) in _PLAIN_TYPES
-            and s.is_cpu
-            and s.dtype in _STEP_DTYPES
-            and s.numel() == 1
-            and s.is_contiguous()
+            type(s) in _PLAIN_TYPES and s.is_cpu and s.dtype in _STEP_DTYPES and s.numel() == 1
         ):
             return "the step counters are not float32/float64 CPU scalars"
     return _Steps(steps)
