@@ -183,6 +183,41 @@ def _adam_reference(x, g, d, v, *, c, ib2, gmul, l2, beta2, eps, lam, weights):
     return g, v, p, [num, den, ref]
 
 
+# The float32 kernels square before they weight: a square below float's normal range
+# (|g| < 2^-63) carries an absolute error up to 2^-150, and a small eps lets the weights
+# 1/p ~ 1/(c eps) magnify it (at |g| = 2^-74, eps = 1e-20: errors of 2^-84 against terms
+# of 2^-82). Blocks whose sums are that small are summed in double: every sum keeps
+# float's block-summation accuracy, rtol 2e-5 (see DTYPES), at every gradient scale.
+# The reference takes the kernel's own float32 v (torch's AdamW squares in float too).
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("exponent, eps", [(-60, 1e-12), (-70, 1e-20), (-74, 1e-20)])
+def test_adam_sums_keep_float_accuracy_when_squares_are_subnormal(isa, exponent, eps):
+    n = 5000
+    gen = torch.Generator().manual_seed(RNG_SEED + 7)
+    g64 = torch.randn(n, generator=gen, dtype=torch.float64) * 2.0**exponent
+    d64 = g64 * (1.0 + torch.randn(n, generator=gen, dtype=torch.float64))
+    x, g, d = torch.randn(n, generator=gen), g64.float(), d64.float()
+    v = torch.zeros(n)
+    x0, g0, d0 = _f64([x, g, d])
+    beta2, lam = 0.99, 0.2
+    cfg = AMConfig(lam=lam, beta_max=0.9, numerator="linear")
+    weights = _rule.adam_weights(cfg, lr=0.01, weight_decay=0.1)
+    hp = (ctypes.c_double * 13)(1.0, 0.0, beta2, eps, lam, 0.01, 0.999, 1.0, *weights)
+    c, ib2 = torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64)
+    arrays = _arrays([n], [x], [g], [d], [v])
+    numel, xa, ga, da, va = arrays.at(0)
+    sums = torch.zeros(3, dtype=torch.float64)
+    _bind("adam_reduce", "f32", isa)(1, numel, xa, ga, da, va, c.data_ptr(), 1,
+                                     ib2.data_ptr(), hp, 1, sums.data_ptr())  # fmt: skip
+    *_, expected = _adam_reference(
+        x0, g0, d0, _f64([v])[0], c=1.0, ib2=1.0, gmul=1.0, l2=0.0, beta2=1.0, eps=eps,
+        lam=lam, weights=weights,
+    )  # fmt: skip
+    assert expected[1] > 0 and expected[2] > 0
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(sums.numpy(), expected, rtol=2e-5, atol=2e-5 * scale)
+
+
 @pytest.mark.parametrize("isa", LEVELS)
 @pytest.mark.parametrize("suffix", DTYPES)
 @pytest.mark.parametrize("mode", ["decoupled", "proximal", "l2"])

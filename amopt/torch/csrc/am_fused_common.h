@@ -98,10 +98,11 @@ static inline int am_all_zero(int64_t lo, int64_t hi, const float *a, const floa
     return !nz;
 }
 
-/* Whether the float block sum chk (of non-negative terms) is outside the safe range and
-   the block is not simply zero: then it is summed again in double. */
-#define AM_UNSAFE(chk, lo, hi, a, b)                                                        \
-    (!((chk) >= AM_SAFE_MIN && (chk) <= AM_SAFE_MAX) && !am_all_zero(lo, hi, a, b))
+/* Whether the float block sum chk (of non-negative terms) is outside the safe range
+   [lo_bound, AM_SAFE_MAX] and the block is not simply zero: then it is summed again in
+   double. */
+#define AM_UNSAFE(chk, lo_bound, lo, hi, a, b)                                              \
+    (!((chk) >= (lo_bound) && (chk) <= AM_SAFE_MAX) && !am_all_zero(lo, hi, a, b))
 
 #define AM_THREAD_ID(tid, T)                                                                 \
     int tid = 0, T = 1;                                                                      \

@@ -6,14 +6,14 @@
  * single-tensor reference paths, with rewrites that trade divisions for
  * multiplications: p = c (eps + sqrt(v / bias2)) as sqrt(v) (c sqrt(1/bias2)) + c eps;
  * 1/p, u = 1/(1 + lam p) and (beta + lam p)/(1 + lam p) from the single reciprocal
- * w = 1 / (p (1 + lam p)); weighted squares as (w a) a, which stay about as large as
- * |a| where a^2 would leave float's range; fused multiply-adds where the compiler finds
- * them. Each block of AM_BLOCK elements is summed in the parameter dtype (the numerator
- * as its five weighted partial sums, combined in double) and the block sums are added
- * in double precision with compensation (am_add). A float block whose sums leave
- * float's safe range (AM_UNSAFE: overflow, or subnormal terms, e.g. squares of
- * gradients below about 1e-19) is summed again in double, so that beta does not depend
- * on the scale of the gradients.
+ * w = 1 / (p (1 + lam p)); squares formed before they are weighted; fused
+ * multiply-adds where the compiler finds them. Each block of AM_BLOCK elements is
+ * summed in the parameter dtype (the numerator as its five weighted partial sums,
+ * combined in double) and the block sums are added in double precision with
+ * compensation (am_add). A float block whose sums leave float's safe range (AM_UNSAFE:
+ * overflow, or sums small enough for subnormal squares, e.g. of gradients below about
+ * 1e-19, to matter) is summed again in double, so that beta does not depend on the
+ * scale of the gradients.
  *
  * The gradient enters every kernel as g * gmul, gmul = (maximize ? -1 : 1) / grad_scale,
  * exact for the power-of-two scales of torch.amp.GradScaler.
@@ -59,7 +59,7 @@ AM_INLINE void AM_FN(sgd_reduce_range)(int64_t lo, int64_t hi, const TYPE *restr
             AM_SGD_TERMS(TYPE, i, bv, bg, bd)
         }
 #if !AM_DOUBLE
-        if (AM_UNSAFE(bv + bg + bd, b0, b1, g, first ? NULL : d)) {
+        if (AM_UNSAFE(bv + bg + bd, AM_SAFE_MIN, b0, b1, g, first ? NULL : d)) {
             double wv = 0, wg = 0, wdd = 0;
             for (int64_t i = b0; i < b1; i++) {
                 AM_SGD_TERMS(double, i, wv, wg, wdd)
@@ -157,7 +157,7 @@ AM_EXPORT int AM_FN(sgd_apply)(int64_t count, const int64_t *numel, void *const 
 /* Constants of one tensor, in the parameter dtype. With cs = c sqrt(1/bias2) and
    ce = c eps, the preconditioner is p = c (eps + sqrt(v / bias2)) = sqrt(v) cs + ce. */
 typedef struct {
-    TYPE gmul, l2, beta2, omb2, cs, ce, lam, mlr, decay, shrink;
+    TYPE gmul, l2, beta2, omb2, cs, ce, lam, mlr, decay, shrink, safe_min;
     double a[5];
 } AM_FN(adam_k);
 
@@ -176,6 +176,14 @@ static inline AM_FN(adam_k)
     k.decay = (TYPE)hp[6];
     k.shrink = (TYPE)hp[7];
     for (int q = 0; q < 5; q++) k.a[q] = hp[8 + q];
+    /* The weights 1/p, w and u are at most max(1, 1/ce): a block of AM_BLOCK terms
+       carries at most 2^-140 max(1, 1/ce) from subnormal squares, below 2^-17 (the
+       float block sum's own relative error) of any block sum above 2^-123 max(1, 1/ce).
+       With eps = 0 (ce = 0) every nonzero block is summed in double. */
+    {
+        double ce = (double)k.ce, bound = ce >= 1.0 ? 0x1p-123 : 0x1p-123 / ce;
+        k.safe_min = (TYPE)(bound > (double)AM_SAFE_MIN ? bound : (double)AM_SAFE_MIN);
+    }
     return k;
 }
 
@@ -186,27 +194,32 @@ static inline AM_FN(adam_k)
 
 /* The AM-Adam reduce terms of element i given the updated v (vn), products in dtype T
    (p itself in the parameter dtype, as in the apply pass). With w = 1/(p (1 + lam p)),
-   1/p = w (1 + lam p), u = 1/(1 + lam p) = p w and e = w (d-g)^2, the numerator sums
+   1/p = w (1 + lam p) and u = 1/(1 + lam p) = p w, the numerator sums
      S0 = sum g^2/p, S1 = sum u (d-g)^2 = sum p e, S2 = sum g d/p, S3 = sum g x, S4 = sum d x
-   (S2..S4 only when one of their weights is nonzero), D = sum e, R = sum w (d^2 + g^2). */
+   (S2..S4 only when one of their weights is nonzero), D = sum e with e = w (d-g)^2, and
+   R = sum w (d^2 + g^2). The squares are formed first (fewer multiplications than
+   weighting each factor): a square below float's normal range carries an absolute
+   error of at most 2^-150, times a weight of at most 1/(c eps); adam_constants sets the
+   block sums' lower bound so that such errors stay below the float summation's own. */
 #define AM_ADAM_TERMS(T, i, gi, vn, S0, S1, S2, S3, S4, SD, SR)                             \
     TYPE p_ = SQRT(vn) * cs + ce;                                                            \
     TYPE one_lp_ = (TYPE)1 + lam * p_;                                                       \
     T p = (T)p_, one_lp = (T)one_lp_;                                                        \
     T w = (T)1 / (p * one_lp);                                                               \
     T g_ = (T)(gi), d_ = (T)d[i], dv = d_ - g_;                                              \
-    T ipg = (w * one_lp) * g_;                                                               \
-    T e = (w * dv) * dv;                                                                     \
-    S0 += ipg * g_;                                                                          \
+    T gg = g_ * g_;                                                                          \
+    T ip = w * one_lp;                                                                       \
+    T e = w * (dv * dv);                                                                     \
+    S0 += ip * gg;                                                                           \
     S1 += p * e;                                                                             \
     if (has_x) {                                                                             \
         T xi = (T)x[i];                                                                      \
-        S2 += ipg * d_;                                                                      \
+        S2 += (ip * g_) * d_;                                                                \
         S3 += g_ * xi;                                                                       \
         S4 += d_ * xi;                                                                       \
     }                                                                                        \
     SD += e;                                                                                 \
-    SR += (w * d_) * d_ + (w * g_) * g_;
+    SR += w * (d_ * d_ + gg);
 
 /* reduce over [lo, hi): the v update (in place), then per block the sums above; each
    block's N = sum_k a_k S_k is formed in double. */
@@ -216,8 +229,9 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
                                         const int has_gmul, const int has_l2,
                                         const int has_x, am_sum *acc) {
     const TYPE gmul = k->gmul, l2 = k->l2, beta2 = k->beta2, omb2 = k->omb2;
-    const TYPE cs = k->cs, ce = k->ce, lam = k->lam;
+    const TYPE cs = k->cs, ce = k->ce, lam = k->lam, safe_min = k->safe_min;
     const double *a = k->a;
+    (void)safe_min; /* float only */
     for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
         TYPE s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, sd = 0, sr = 0;
@@ -229,7 +243,7 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
             AM_ADAM_TERMS(TYPE, i, gi, vn, s0, s1, s2, s3, s4, sd, sr)
         }
 #if !AM_DOUBLE
-        if (AM_UNSAFE(s0 + s1 + sd + sr, b0, b1, g, d)) {
+        if (AM_UNSAFE(s0 + s1 + sd + sr, safe_min, b0, b1, g, d)) {
             double w0 = 0, w1 = 0, w2 = 0, w3 = 0, w4 = 0, wd = 0, wr = 0;
             for (int64_t i = b0; i < b1; i++) { /* v is updated already */
                 AM_ADAM_GRAD(i, gi)
