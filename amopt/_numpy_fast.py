@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from amopt import _rule
+from amopt import _rule, _tape
 
 __all__ = ["BLOCK", "eligible", "am_momentum_step_numpy"]
 
@@ -128,6 +128,35 @@ def _update_blocked(
     return new_x.reshape(x.shape), new_d.reshape(d.shape)
 
 
+# --------------------------------------------------------------------------- the rule
+
+
+def _exact_rule(xp: Any, sums: Any, cfg: Any, lr: float) -> Any:
+    """:func:`amopt._rule.momentum_beta` with ``f_decrease`` as a sixth input."""
+    return _rule.momentum_beta(xp, sums, cfg, lr=lr, f_decrease=sums[..., 5])
+
+
+def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -> tuple:
+    """``momentum_beta(np, sums, ...)`` of one scope, as 0-d float64 arrays.
+
+    Run as the rule's tape in Python floats (the same IEEE operations, bit for bit,
+    without NumPy's cost per operation on 0-d arrays) when ``f_decrease`` is None or a
+    float64 number; otherwise by the rule itself.
+    """
+    values = sums.tolist()
+    if f_decrease is None:
+        fn = _tape.python_rule(_rule.momentum_beta, 3, cfg=config)
+    elif type(f_decrease) in (float, np.float64):
+        fn = _tape.python_rule(_exact_rule, 6, cfg=config, lr=float(lr))
+        values.append(float(f_decrease))
+    else:
+        fn = None
+    if fn is None:
+        return _rule.momentum_beta(np, sums, config, lr=lr, f_decrease=f_decrease)
+    beta, gamma = fn(values)
+    return np.array(beta), np.array(gamma)
+
+
 # --------------------------------------------------------------------------- the step
 
 
@@ -152,7 +181,7 @@ def am_momentum_step_numpy(
         # the common case of minimize, in straight-line code
         x, g = xs[0], gs[0]
         v, sums = _sums_small(g, ds[0], exact, with_vd)
-        beta, gamma = _rule.momentum_beta(np, sums, config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _one_scope_rule(sums, config, lr, f_decrease)
         np.multiply(v, gamma.astype(v.dtype, copy=False), out=v)
         np.add(g, v, out=v)
         step = np.multiply(v, lr)

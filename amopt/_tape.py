@@ -18,12 +18,13 @@ runs the rule itself (where a genuine error then surfaces).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["INSN", "OPS", "Tape", "trace", "traced"]
+__all__ = ["INSN", "OPS", "Tape", "trace", "traced", "python_rule"]
 
 #: Operation codes (``amopt/torch/csrc/am_fused_common.h`` has the same table).
 OPS = (
@@ -219,3 +220,84 @@ def traced(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> tuple | None
         tape = trace(rule, n_sums, **kwargs)
         return None if tape is None else (tape.array(), np.array(tape.outputs, dtype=np.int64))
     return _cached(rule, n_sums, items)
+
+
+# --------------------------------------------------------------------------- Python
+
+#: One line of straight-line Python per operation; every value is a Python float, whose
+#: arithmetic is IEEE double with one rounding per operation, as NumPy's on float64.
+_PYTHON = {
+    "add": "{a} + {b}",
+    "sub": "{a} - {b}",
+    "mul": "{a} * {b}",
+    "div": "{a} / {b} if {b} else _div0({a}, {b})",
+    "le": "1.0 if {a} <= {b} else 0.0",
+    "ge": "1.0 if {a} >= {b} else 0.0",
+    "lt": "1.0 if {a} < {b} else 0.0",
+    "gt": "1.0 if {a} > {b} else 0.0",
+    "eq": "1.0 if {a} == {b} else 0.0",
+    "ne": "1.0 if {a} != {b} else 0.0",
+    "where": "{b} if {a} != 0.0 else {c}",
+    "isnan": "1.0 if {a} != {a} else 0.0",
+    # NumPy's maximum / minimum: a NaN operand gives NaN, ties give the first operand
+    "maximum": "{a} if {a} != {a} or {a} >= {b} else {b}",
+    "minimum": "{a} if {a} != {a} or {a} <= {b} else {b}",
+    "neg": "-{a}",
+}
+
+
+def _div0(a: float, b: float) -> float:
+    """``a / b`` for ``b = +-0`` as IEEE (NumPy) divides: +-inf, or NaN for 0/0 and NaN/0."""
+    if a != a or a == 0.0:
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _literal(k: float) -> str:
+    if k != k:
+        return "_NAN"
+    if math.isinf(k):
+        return "_INF" if k > 0 else "-_INF"
+    return repr(k)
+
+
+def _python_source(code: np.ndarray, outputs: np.ndarray) -> str:
+    lines = ["def rule(s):"]
+    for i, (op, a, b, c, k) in enumerate(code.tolist()):
+        name = OPS[op]
+        if name == "in":
+            expr = f"s[{a}]"
+        elif name == "const":
+            expr = _literal(k)
+        else:
+            expr = _PYTHON[name].format(a=f"r{a}", b=f"r{b}", c=f"r{c}")
+        lines.append(f"    r{i} = {expr}")
+    lines.append("    return (" + "".join(f"r{o}, " for o in outputs.tolist()) + ")")
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=64)
+def _python_cached(rule: Callable[..., Any], n_sums: int, items: tuple) -> Callable | None:
+    tape = traced(rule, n_sums, **dict(items))
+    if tape is None:
+        return None
+    namespace: dict[str, Any] = {"_div0": _div0, "_NAN": math.nan, "_INF": math.inf}
+    # the source is generated here from the recorded operations, never read from elsewhere
+    exec(compile(_python_source(*tape), "<amopt rule tape>", "exec"), namespace)  # noqa: S102
+    return namespace["rule"]
+
+
+def python_rule(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Callable | None:
+    """The tape of ``rule`` as a Python function of one scope's sums (Python floats).
+
+    ``f(sums) -> tuple`` of the rule's outputs as Python floats, bit for bit what the
+    rule gives on float64 NumPy sums of shape ``(n_sums,)``, without NumPy's per-call
+    cost on 0-d arrays (about 1 us an operation against 0.05 us). ``None`` when the rule
+    cannot be recorded (see :func:`trace`) or its arguments are not hashable.
+    """
+    try:
+        items = tuple(sorted(kwargs.items()))
+        hash(items)
+    except TypeError:
+        return None
+    return _python_cached(rule, n_sums, items)

@@ -94,6 +94,57 @@ def test_adam_tape_matches_the_rule_bit_for_bit(options, weight_decay):
     _same_bits(_run_tape(tape, rows)[:, 0], beta)
 
 
+def _python_rows(fn, rows: np.ndarray) -> np.ndarray:
+    return np.array([fn(row) for row in rows.tolist()], dtype=np.float64)
+
+
+# The same tapes as straight-line Python on floats (amopt._tape.python_rule), which the
+# NumPy minimize loop runs for its one scope: the same IEEE operations, bit for bit.
+@pytest.mark.parametrize("options", CONFIGS, ids=_ids)
+def test_python_momentum_rule_matches_the_rule_bit_for_bit(options):
+    cfg = AMConfig.cached(numerator="linear", **options)
+    fn = _tape.python_rule(_rule.momentum_beta, 3, cfg=cfg)
+    assert fn is not None
+    rows = _sums(3)
+    with np.errstate(all="ignore"):
+        beta, gamma = _rule.momentum_beta(np, rows, cfg)
+    out = _python_rows(fn, rows)
+    _same_bits(out[:, 0], beta)
+    _same_bits(out[:, 1], gamma)
+
+
+@pytest.mark.parametrize("options", CONFIGS, ids=_ids)
+def test_python_exact_momentum_rule_matches_the_rule_bit_for_bit(options):
+    """The exact numerator, ``f_decrease`` a sixth input, against the rule run with it as
+    a Python float (as ``minimize`` passes it), one scope at a time."""
+    from amopt import _numpy_fast
+
+    cfg = AMConfig.cached(numerator="exact", **options)
+    lr = 0.3
+    fn = _tape.python_rule(_numpy_fast._exact_rule, 6, cfg=cfg, lr=lr)
+    assert fn is not None
+    rng = np.random.default_rng(4)
+    five = np.concatenate([_sums(4), _sums(5)[:, :2]], axis=1)[::3]
+    f_dec = np.concatenate([rng.standard_normal(len(five) - len(SPECIAL)), SPECIAL])
+    rows = np.concatenate([five, f_dec[:, None]], axis=1)
+    out = _python_rows(fn, rows)
+    with np.errstate(all="ignore"):
+        for row, got in zip(rows, out, strict=True):
+            beta, gamma = _rule.momentum_beta(np, row[:5], cfg, lr=lr, f_decrease=float(row[5]))
+            _same_bits(got, np.array([beta, gamma]))
+
+
+@pytest.mark.parametrize("options", CONFIGS, ids=_ids)
+def test_python_adam_rule_matches_the_rule_bit_for_bit(options):
+    cfg = AMConfig.cached(numerator="linear", **options)
+    fn = _tape.python_rule(_rule.adam_beta, 3, cfg=cfg, lr=1e-3, weight_decay=0.1)
+    assert fn is not None
+    rows = _sums(6)
+    with np.errstate(all="ignore"):
+        beta = _rule.adam_beta(np, rows, cfg, lr=1e-3, weight_decay=0.1)
+    _same_bits(_python_rows(fn, rows)[:, 0], beta)
+
+
 def test_a_rule_that_branches_on_data_is_not_recorded():
     def branching(xp, sums, cfg, **kw):
         return sums[..., 0] if sums[..., 1] > 0 else sums[..., 2]  # a Python if on a value
