@@ -136,6 +136,16 @@ def _exact_rule(xp: Any, sums: Any, cfg: Any, lr: float) -> Any:
     return _rule.momentum_beta(xp, sums, cfg, lr=lr, f_decrease=sums[..., 5])
 
 
+#: (config, lr, exact, rule function) of the last call: minimize calls with the same
+#: ones every iteration. One tuple, rebound whole, so that threads read consistent ones.
+_last_rule: tuple[Any, ...] = (None, None, None, None)
+
+
+def _set_last_rule(entry: tuple[Any, ...]) -> None:
+    global _last_rule
+    _last_rule = entry
+
+
 def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -> tuple:
     """``momentum_beta(np, sums, ...)`` of one scope, as 0-d float64 arrays.
 
@@ -144,13 +154,21 @@ def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -
     float64 number; otherwise by the rule itself.
     """
     values = sums.tolist()
-    if f_decrease is None:
-        fn = _tape.python_rule(_rule.momentum_beta, 3, cfg=config)
-    elif type(f_decrease) in (float, np.float64):
-        fn = _tape.python_rule(_exact_rule, 6, cfg=config, lr=float(lr))
-        values.append(float(f_decrease))
-    else:
+    exact = f_decrease is not None
+    if exact and type(f_decrease) not in (float, np.float64):
         fn = None
+    else:
+        last = _last_rule
+        if last[0] is config and last[1] == lr and last[2] == exact:
+            fn = last[3]
+        else:
+            if exact:
+                fn = _tape.python_rule(_exact_rule, 6, cfg=config, lr=float(lr))
+            else:
+                fn = _tape.python_rule(_rule.momentum_beta, 3, cfg=config)
+            _set_last_rule((config, lr, exact, fn))
+        if exact:
+            values.append(float(f_decrease))
     if fn is None:
         return _rule.momentum_beta(np, sums, config, lr=lr, f_decrease=f_decrease)
     beta, gamma = fn(values)

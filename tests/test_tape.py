@@ -145,6 +145,26 @@ def test_python_adam_rule_matches_the_rule_bit_for_bit(options):
     _same_bits(_python_rows(fn, rows)[:, 0], beta)
 
 
+@pytest.mark.parametrize(
+    "f_decrease",
+    [None, 0.25, np.float64(-1e-3), np.float32(0.125), np.array(2.0), np.array(0.5, np.float32)],
+    ids=["linear", "float", "float64", "float32", "0-d", "0-d float32"],
+)
+def test_the_numpy_loops_rule_is_the_rule_for_every_kind_of_f_decrease(f_decrease):
+    """The NumPy fast path runs the Python tape for float64 f_decrease and the rule itself
+    otherwise (a float32 one promotes differently): the result is the rule's either way."""
+    from amopt import _numpy_fast
+
+    numerator = "linear" if f_decrease is None else "exact"
+    cfg = AMConfig.cached(numerator=numerator, lam=0.5, beta_max=0.95)
+    sums = np.array([2.0, 3.0, 1.5, -0.25, 0.75])
+    for _ in range(2):  # the second call takes the remembered function
+        beta, gamma = _numpy_fast._one_scope_rule(sums, cfg, 0.1, f_decrease)
+        want = _rule.momentum_beta(np, sums, cfg, lr=0.1, f_decrease=f_decrease)
+        assert isinstance(beta, np.ndarray) and beta.dtype == want[0].dtype
+        _same_bits(np.array([beta, gamma]), np.array(want))
+
+
 def test_a_rule_that_branches_on_data_is_not_recorded():
     def branching(xp, sums, cfg, **kw):
         return sums[..., 0] if sums[..., 1] > 0 else sums[..., 2]  # a Python if on a value
