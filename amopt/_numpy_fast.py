@@ -131,14 +131,16 @@ def _update_blocked(
 # --------------------------------------------------------------------------- the rule
 
 
-def _exact_rule(xp: Any, sums: Any, cfg: Any, lr: float) -> Any:
-    """:func:`amopt._rule.momentum_beta` with ``f_decrease`` as a sixth input."""
-    return _rule.momentum_beta(xp, sums, cfg, lr=lr, f_decrease=sums[..., 5])
+def _exact_rule(xp: Any, sums: Any, base: Any, cfg: Any, lr: float) -> Any:
+    """``base`` (:func:`amopt._rule.momentum_beta`) with ``f_decrease`` a sixth input."""
+    return base(xp, sums, cfg, lr=lr, f_decrease=sums[..., 5])
 
 
-#: (config, lr, exact, rule function) of the last call: minimize calls with the same
-#: ones every iteration. One tuple, rebound whole, so that threads read consistent ones.
-_last_rule: tuple[Any, ...] = (None, None, None, None)
+#: (rule, config, lr, exact, Python function) of the last call: minimize calls with the
+#: same ones every iteration. One tuple, rebound whole, so that threads read consistent
+#: ones. The rule is looked up in amopt._rule at every call, so that a replaced rule is
+#: the one that runs.
+_last_rule: tuple[Any, ...] = (None, None, None, None, None)
 
 
 def _set_last_rule(entry: tuple[Any, ...]) -> None:
@@ -153,24 +155,25 @@ def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -
     without NumPy's cost per operation on 0-d arrays) when ``f_decrease`` is None or a
     float64 number; otherwise by the rule itself.
     """
+    rule = _rule.momentum_beta
     values = sums.tolist()
     exact = f_decrease is not None
     if exact and type(f_decrease) not in (float, np.float64):
         fn = None
     else:
         last = _last_rule
-        if last[0] is config and last[1] == lr and last[2] == exact:
-            fn = last[3]
+        if last[0] is rule and last[1] is config and last[2] == lr and last[3] == exact:
+            fn = last[4]
         else:
             if exact:
-                fn = _tape.python_rule(_exact_rule, 6, cfg=config, lr=float(lr))
+                fn = _tape.python_rule(_exact_rule, 6, base=rule, cfg=config, lr=float(lr))
             else:
-                fn = _tape.python_rule(_rule.momentum_beta, 3, cfg=config)
-            _set_last_rule((config, lr, exact, fn))
+                fn = _tape.python_rule(rule, 3, cfg=config)
+            _set_last_rule((rule, config, lr, exact, fn))
         if exact:
             values.append(float(f_decrease))
     if fn is None:
-        return _rule.momentum_beta(np, sums, config, lr=lr, f_decrease=f_decrease)
+        return rule(np, sums, config, lr=lr, f_decrease=f_decrease)
     beta, gamma = fn(values)
     return np.array(beta), np.array(gamma)
 

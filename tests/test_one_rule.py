@@ -65,6 +65,18 @@ def test_minimize_uses_the_rule(marked, namespace, method):
     assert _all_marked(res.betas)
 
 
+@pytest.mark.parametrize("numerator", ["exact", "linear"])
+def test_minimize_takes_a_replaced_rule_after_running_the_original(monkeypatch, numerator):
+    """No surface keeps the rule it ran last: the same call, rule replaced in between."""
+    fun, jac = _quadratic(np)
+    options = {"lr": 0.05, "maxiter": 4, "numerator": numerator}
+    first = amopt.minimize(fun, np.zeros(3), jac=jac, method="am-mgd", options=options)
+    assert not _all_marked(first.betas)
+    monkeypatch.setattr(_rule, "momentum_beta", _marked_momentum)
+    res = amopt.minimize(fun, np.zeros(3), jac=jac, method="am-mgd", options=options)
+    assert _all_marked(res.betas)
+
+
 def test_minimize_parameter_list_uses_the_rule(marked):
     x0 = [np.zeros(3), np.zeros((2, 2))]
 

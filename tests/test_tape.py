@@ -121,7 +121,7 @@ def test_python_exact_momentum_rule_matches_the_rule_bit_for_bit(options):
 
     cfg = AMConfig.cached(numerator="exact", **options)
     lr = 0.3
-    fn = _tape.python_rule(_numpy_fast._exact_rule, 6, cfg=cfg, lr=lr)
+    fn = _tape.python_rule(_numpy_fast._exact_rule, 6, base=_rule.momentum_beta, cfg=cfg, lr=lr)
     assert fn is not None
     rng = np.random.default_rng(4)
     five = np.concatenate([_sums(4), _sums(5)[:, :2]], axis=1)[::3]
