@@ -143,11 +143,6 @@ def _exact_rule(xp: Any, sums: Any, base: Any, cfg: Any, lr: float) -> Any:
 _last_rule: tuple[Any, ...] = (None, None, None, None, None)
 
 
-def _set_last_rule(entry: tuple[Any, ...]) -> None:
-    global _last_rule
-    _last_rule = entry
-
-
 def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -> tuple:
     """``momentum_beta(np, sums, ...)`` of one scope, as 0-d float64 arrays.
 
@@ -155,6 +150,7 @@ def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -
     without NumPy's cost per operation on 0-d arrays) when ``f_decrease`` is None or a
     float64 number; otherwise by the rule itself.
     """
+    global _last_rule
     rule = _rule.momentum_beta
     values = sums.tolist()
     exact = f_decrease is not None
@@ -169,7 +165,7 @@ def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -
                 fn = _tape.python_rule(_exact_rule, 6, base=rule, cfg=config, lr=float(lr))
             else:
                 fn = _tape.python_rule(rule, 3, cfg=config)
-            _set_last_rule((rule, config, lr, exact, fn))
+            _last_rule = (rule, config, lr, exact, fn)
         if exact:
             values.append(float(f_decrease))
     if fn is None:

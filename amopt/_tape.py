@@ -211,12 +211,20 @@ def _cached(rule: Callable[..., Any], n_sums: int, items: tuple) -> tuple | None
     return tape.array(), np.array(tape.outputs, dtype=np.int64)
 
 
-def traced(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> tuple | None:
-    """:func:`trace`, cached by the rule and its arguments: ``(code, outputs)`` arrays."""
+def _key(kwargs: dict[str, Any]) -> tuple | None:
+    """The rule's keyword arguments as a cache key, or None when they are not hashable."""
+    items = tuple(sorted(kwargs.items()))
     try:
-        items = tuple(sorted(kwargs.items()))
         hash(items)
     except TypeError:
+        return None
+    return items
+
+
+def traced(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> tuple | None:
+    """:func:`trace`, cached by the rule and its arguments: ``(code, outputs)`` arrays."""
+    items = _key(kwargs)
+    if items is None:
         tape = trace(rule, n_sums, **kwargs)
         return None if tape is None else (tape.array(), np.array(tape.outputs, dtype=np.int64))
     return _cached(rule, n_sums, items)
@@ -295,9 +303,5 @@ def python_rule(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Callabl
     cost on 0-d arrays (about 1 us an operation against 0.05 us). ``None`` when the rule
     cannot be recorded (see :func:`trace`) or its arguments are not hashable.
     """
-    try:
-        items = tuple(sorted(kwargs.items()))
-        hash(items)
-    except TypeError:
-        return None
-    return _python_cached(rule, n_sums, items)
+    items = _key(kwargs)
+    return None if items is None else _python_cached(rule, n_sums, items)

@@ -67,50 +67,48 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
                                   np.where(both_nan, 0.0, b).view(np.int64))  # fmt: skip
 
 
-@needs_kernels
-@pytest.mark.parametrize("options", CONFIGS, ids=_ids)
-def test_momentum_tape_matches_the_rule_bit_for_bit(options):
-    cfg = AMConfig.cached(numerator="linear", **options)
-    tape = _tape.traced(_rule.momentum_beta, 3, cfg=cfg)
-    assert tape is not None
-    rows = _sums(1)
-    with np.errstate(all="ignore"):
-        beta, gamma = _rule.momentum_beta(np, rows, cfg)
-    out = _run_tape(tape, rows)
-    _same_bits(out[:, 0], beta)
-    _same_bits(out[:, 1], gamma)
+#: The two evaluators of a tape: the fused kernels' (C) and straight-line Python on floats
+#: (amopt._tape.python_rule, which the NumPy minimize loop runs for its one scope).
+EVALUATORS = [pytest.param("kernels", marks=needs_kernels), "python"]
 
 
-@needs_kernels
-@pytest.mark.parametrize("options", CONFIGS, ids=_ids)
-@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_adam_tape_matches_the_rule_bit_for_bit(options, weight_decay):
-    cfg = AMConfig.cached(numerator="linear", **options)
-    tape = _tape.traced(_rule.adam_beta, 3, cfg=cfg, lr=1e-3, weight_decay=weight_decay)
-    assert tape is not None
-    rows = _sums(2)
-    with np.errstate(all="ignore"):
-        beta = _rule.adam_beta(np, rows, cfg, lr=1e-3, weight_decay=weight_decay)
-    _same_bits(_run_tape(tape, rows)[:, 0], beta)
+def _evaluate(evaluator: str, rule, rows: np.ndarray, **kwargs) -> np.ndarray:
+    """``rule`` recorded and run by ``evaluator`` on each row of ``rows`` (3 sums each)."""
+    if evaluator == "kernels":
+        tape = _tape.traced(rule, 3, **kwargs)
+        assert tape is not None
+        return _run_tape(tape, rows)
+    fn = _tape.python_rule(rule, 3, **kwargs)
+    assert fn is not None
+    return _python_rows(fn, rows)
 
 
 def _python_rows(fn, rows: np.ndarray) -> np.ndarray:
     return np.array([fn(row) for row in rows.tolist()], dtype=np.float64)
 
 
-# The same tapes as straight-line Python on floats (amopt._tape.python_rule), which the
-# NumPy minimize loop runs for its one scope: the same IEEE operations, bit for bit.
+@pytest.mark.parametrize("evaluator", EVALUATORS)
 @pytest.mark.parametrize("options", CONFIGS, ids=_ids)
-def test_python_momentum_rule_matches_the_rule_bit_for_bit(options):
+def test_momentum_tape_matches_the_rule_bit_for_bit(evaluator, options):
     cfg = AMConfig.cached(numerator="linear", **options)
-    fn = _tape.python_rule(_rule.momentum_beta, 3, cfg=cfg)
-    assert fn is not None
-    rows = _sums(3)
+    rows = _sums(1)
     with np.errstate(all="ignore"):
         beta, gamma = _rule.momentum_beta(np, rows, cfg)
-    out = _python_rows(fn, rows)
+    out = _evaluate(evaluator, _rule.momentum_beta, rows, cfg=cfg)
     _same_bits(out[:, 0], beta)
     _same_bits(out[:, 1], gamma)
+
+
+@pytest.mark.parametrize("evaluator", EVALUATORS)
+@pytest.mark.parametrize("options", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adam_tape_matches_the_rule_bit_for_bit(evaluator, options, weight_decay):
+    cfg = AMConfig.cached(numerator="linear", **options)
+    rows = _sums(2)
+    with np.errstate(all="ignore"):
+        beta = _rule.adam_beta(np, rows, cfg, lr=1e-3, weight_decay=weight_decay)
+    out = _evaluate(evaluator, _rule.adam_beta, rows, cfg=cfg, lr=1e-3, weight_decay=weight_decay)
+    _same_bits(out[:, 0], beta)
 
 
 @pytest.mark.parametrize("options", CONFIGS, ids=_ids)
@@ -132,17 +130,6 @@ def test_python_exact_momentum_rule_matches_the_rule_bit_for_bit(options):
         for row, got in zip(rows, out, strict=True):
             beta, gamma = _rule.momentum_beta(np, row[:5], cfg, lr=lr, f_decrease=float(row[5]))
             _same_bits(got, np.array([beta, gamma]))
-
-
-@pytest.mark.parametrize("options", CONFIGS, ids=_ids)
-def test_python_adam_rule_matches_the_rule_bit_for_bit(options):
-    cfg = AMConfig.cached(numerator="linear", **options)
-    fn = _tape.python_rule(_rule.adam_beta, 3, cfg=cfg, lr=1e-3, weight_decay=0.1)
-    assert fn is not None
-    rows = _sums(6)
-    with np.errstate(all="ignore"):
-        beta = _rule.adam_beta(np, rows, cfg, lr=1e-3, weight_decay=0.1)
-    _same_bits(_python_rows(fn, rows)[:, 0], beta)
 
 
 @pytest.mark.parametrize(
