@@ -218,11 +218,21 @@ def test_adam_sums_keep_float_accuracy_when_squares_are_subnormal(isa, exponent,
     np.testing.assert_allclose(sums.numpy(), expected, rtol=2e-5, atol=2e-5 * scale)
 
 
+# The kernels take the numerator's weights a_k as data: besides the rule's, any weights
+# give sum_k a_k S_k, including a0 = 0 (the kernels' loop folds the S0, S1, S2 terms into
+# one sum with a2 / a0, so that case sums by the definition).
+OTHER_WEIGHTS = {"rule": None, "arbitrary": (1.7, -0.4, 0.3, 0.2, -0.6), "a0 zero": (0.0, -0.3, 0.5, 0.2, -0.1)}
+
+
 @pytest.mark.parametrize("isa", LEVELS)
 @pytest.mark.parametrize("suffix", DTYPES)
-@pytest.mark.parametrize("mode", ["decoupled", "proximal", "l2"])
+@pytest.mark.parametrize(
+    "mode, weights_of",
+    [("decoupled", "rule"), ("proximal", "rule"), ("l2", "rule"),
+     ("decoupled", "arbitrary"), ("decoupled", "a0 zero")],
+)  # fmt: skip
 @pytest.mark.parametrize("gmul", [1.0, -0.125])
-def test_adam_reduce_and_apply_match_the_formulas(isa, suffix, mode, gmul):
+def test_adam_reduce_and_apply_match_the_formulas(isa, suffix, mode, weights_of, gmul):
     dtype, tol = DTYPES[suffix]
     sizes = [3000, 17, 70001]
     xs, gs, ds, vs = _tensors(sizes, 4, dtype, RNG_SEED + 1, positive=(3,))
@@ -232,7 +242,7 @@ def test_adam_reduce_and_apply_match_the_formulas(isa, suffix, mode, gmul):
     lr, beta2, eps, lam, wd = 0.01, 0.99, 1e-3, 0.2, 0.1
     cfg = AMConfig(lam=lam, beta_max=0.9, numerator="linear")
     rule_wd = 0.0 if mode == "l2" else wd
-    weights = _rule.adam_weights(cfg, lr=lr, weight_decay=rule_wd)
+    weights = OTHER_WEIGHTS[weights_of] or _rule.adam_weights(cfg, lr=lr, weight_decay=rule_wd)
     decay = 1 - lr * wd if mode == "decoupled" else 1.0
     shrink = 1 / (1 + lr * wd) if mode == "proximal" else 1.0
     l2 = wd if mode == "l2" else 0.0

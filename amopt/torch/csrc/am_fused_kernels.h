@@ -7,8 +7,13 @@
  * multiplications: p = c (eps + sqrt(v / bias2)) as sqrt(v) (c sqrt(1/bias2)) + c eps;
  * 1/p, u = 1/(1 + lam p) and (beta + lam p)/(1 + lam p) from the single reciprocal
  * w = 1 / (p (1 + lam p)); squares formed before they are weighted; fused
- * multiply-adds where the compiler finds them. Each block of AM_BLOCK elements is
- * summed in the parameter dtype (the numerator as its five weighted partial sums,
+ * multiply-adds where the compiler finds them. Every quantity that is linear in
+ * s = sqrt(v) (p, 1 + lam p, and p (1 + lam p) = lam cs^2 v + cs (1 + 2 lam ce) s
+ * + ce (1 + lam ce)) is one multiply-add of s with per-tensor constants, and w is
+ * applied last: the chain from v to w to the results is short, which is what bounds
+ * these loops on CPUs whose out-of-order window fills while the square root and the
+ * division are in flight (measured on AMD Zen 3). Each block of AM_BLOCK elements is
+ * summed in the parameter dtype (the numerator as three weighted partial sums,
  * combined in double) and the block sums are added in double precision with
  * compensation (am_add). A float block whose sums leave float's safe range (AM_UNSAFE:
  * overflow, or sums small enough for subnormal squares, e.g. of gradients below about
@@ -155,9 +160,15 @@ AM_EXPORT int AM_FN(sgd_apply)(int64_t count, const int64_t *numel, void *const 
 /* ================================================================== AM-Adam(W) */
 
 /* Constants of one tensor, in the parameter dtype. With cs = c sqrt(1/bias2) and
-   ce = c eps, the preconditioner is p = c (eps + sqrt(v / bias2)) = sqrt(v) cs + ce. */
+   ce = c eps, the preconditioner is p = c (eps + sqrt(v / bias2)) = s cs + ce, s = sqrt(v),
+   and with a_k the numerator's weights (_rule.adam_weights):
+     p (1 + lam p) = v ka + s kb + kc        a0 (1 + lam p) = s ols + olc
+     a1 p = s a1s + a1c                      -lr (1 + lam p) = s mls + mlc
+   r2 = a2 / a0; general: a0 = 0, the reduce then sums every block by its definition. */
 typedef struct {
-    TYPE gmul, l2, beta2, omb2, cs, ce, lam, mlr, decay, shrink, safe_min;
+    TYPE gmul, l2, beta2, omb2, cs, ce, lam, decay, shrink, safe_min;
+    TYPE ka, kb, kc, ols, olc, a1s, a1c, r2, mls, mlc;
+    int general;
     double a[5];
 } AM_FN(adam_k);
 
@@ -172,10 +183,24 @@ static inline AM_FN(adam_k)
     k.cs = (TYPE)((double)c * sqrt(ib2));
     k.ce = (TYPE)((double)c * hp[3]);
     k.lam = (TYPE)hp[4];
-    k.mlr = (TYPE)(-hp[5]);
     k.decay = (TYPE)hp[6];
     k.shrink = (TYPE)hp[7];
     for (int q = 0; q < 5; q++) k.a[q] = hp[8 + q];
+    {
+        const double cs = (double)c * sqrt(ib2), ce = (double)c * hp[3], lam = hp[4];
+        const double mlr = -hp[5], a0 = k.a[0];
+        k.ka = (TYPE)(lam * cs * cs);
+        k.kb = (TYPE)(cs * (1.0 + 2.0 * lam * ce));
+        k.kc = (TYPE)(ce * (1.0 + lam * ce));
+        k.ols = (TYPE)(a0 * lam * cs);
+        k.olc = (TYPE)(a0 * (1.0 + lam * ce));
+        k.a1s = (TYPE)(k.a[1] * cs);
+        k.a1c = (TYPE)(k.a[1] * ce);
+        k.general = a0 == 0.0;
+        k.r2 = (TYPE)(k.general ? 0.0 : k.a[2] / a0);
+        k.mls = (TYPE)(mlr * lam * cs);
+        k.mlc = (TYPE)(mlr * (1.0 + lam * ce));
+    }
     /* The weights 1/p, w and u are at most max(1, 1/ce): a block of AM_BLOCK terms
        carries at most 2^-140 max(1, 1/ce) from subnormal squares, below 2^-17 (the
        float block sum's own relative error) of any block sum above 2^-123 max(1, 1/ce).
@@ -192,15 +217,12 @@ static inline AM_FN(adam_k)
     if (has_gmul) gi = gi * gmul;                                                            \
     if (has_l2) gi = gi + l2 * x[i];
 
-/* The AM-Adam reduce terms of element i given the updated v (vn), products in dtype T
-   (p itself in the parameter dtype, as in the apply pass). With w = 1/(p (1 + lam p)),
-   1/p = w (1 + lam p) and u = 1/(1 + lam p) = p w, the numerator sums
+/* The AM-Adam reduce terms of element i by their definition, given the updated v (vn):
+   p in the parameter dtype (as in the apply pass), everything after it in dtype T. With
+   w = 1/(p (1 + lam p)), 1/p = w (1 + lam p) and u = 1/(1 + lam p) = p w, the sums
      S0 = sum g^2/p, S1 = sum u (d-g)^2 = sum p e, S2 = sum g d/p, S3 = sum g x, S4 = sum d x
    (S2..S4 only when one of their weights is nonzero), D = sum e with e = w (d-g)^2, and
-   R = sum w (d^2 + g^2). The squares are formed first (fewer multiplications than
-   weighting each factor): a square below float's normal range carries an absolute
-   error of at most 2^-150, times a weight of at most 1/(c eps); adam_constants sets the
-   block sums' lower bound so that such errors stay below the float summation's own. */
+   R = sum w (d^2 + g^2). Used, in double, for the blocks the fast loop cannot sum. */
 #define AM_ADAM_TERMS(T, i, gi, vn, S0, S1, S2, S3, S4, SD, SR)                             \
     TYPE p_ = SQRT(vn) * cs + ce;                                                            \
     TYPE one_lp_ = (TYPE)1 + lam * p_;                                                       \
@@ -221,8 +243,31 @@ static inline AM_FN(adam_k)
     SD += e;                                                                                 \
     SR += w * (d_ * d_ + gg);
 
-/* reduce over [lo, hi): the v update (in place), then per block the sums above; each
-   block's N = sum_k a_k S_k is formed in double. */
+/* The block [b0, b1) summed in double by the definition above (v is updated already);
+   N = sum_k a_k S_k. */
+#define AM_ADAM_BLOCK_IN_DOUBLE(b0, b1)                                                      \
+    do {                                                                                     \
+        double w0 = 0, w1 = 0, w2 = 0, w3 = 0, w4 = 0, wd = 0, wr = 0;                       \
+        for (int64_t i = (b0); i < (b1); i++) {                                              \
+            AM_ADAM_GRAD(i, gi)                                                              \
+            TYPE vn = v[i];                                                                  \
+            AM_ADAM_TERMS(double, i, gi, vn, w0, w1, w2, w3, w4, wd, wr)                     \
+        }                                                                                    \
+        double num = a[0] * w0 + a[1] * w1;                                                  \
+        if (has_x) num += a[2] * w2 + a[3] * w3 + a[4] * w4;                                 \
+        am_add(&acc[0], num);                                                                \
+        am_add(&acc[1], wd);                                                                 \
+        am_add(&acc[2], wr);                                                                 \
+    } while (0)
+
+/* reduce over [lo, hi): the v update (in place), then per block, with s = sqrt(v),
+   w = 1 / (v ka + s kb + kc), a0 (1 + lam p) and a1 p from s (adam_k), the sums
+     sn = sum w (a1 p (d-g)^2 + a0 (1 + lam p) g (g + r2 d)) = a0 S0 + a1 S1 + a2 S2,
+     s3 = S3, s4 = S4, sd = D, sr = R;
+   each block's N = sn + a3 s3 + a4 s4 is formed in double. The squares are formed before
+   they are weighted: a square or product below float's normal range carries an absolute
+   error of at most 2^-150, times a weight of at most 1/(c eps); adam_constants sets the
+   block sums' lower bound so that such errors stay below the float summation's own. */
 AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
                                         const TYPE *restrict g, const TYPE *restrict d,
                                         TYPE *restrict v, const AM_FN(adam_k) *k,
@@ -230,36 +275,49 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
                                         const int has_x, am_sum *acc) {
     const TYPE gmul = k->gmul, l2 = k->l2, beta2 = k->beta2, omb2 = k->omb2;
     const TYPE cs = k->cs, ce = k->ce, lam = k->lam, safe_min = k->safe_min;
+    const TYPE ka = k->ka, kb = k->kb, kc = k->kc, ols = k->ols, olc = k->olc;
+    const TYPE a1s = k->a1s, a1c = k->a1c, r2 = k->r2;
     const double *a = k->a;
     (void)safe_min; /* float only */
     for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
-        TYPE s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, sd = 0, sr = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, sd, sr)
+        if (k->general) {
+            for (int64_t i = b0; i < b1; i++) {
+                AM_ADAM_GRAD(i, gi)
+                v[i] = v[i] * beta2 + omb2 * (gi * gi);
+            }
+            AM_ADAM_BLOCK_IN_DOUBLE(b0, b1);
+            continue;
+        }
+        TYPE sn = 0, s3 = 0, s4 = 0, sd = 0, sr = 0;
+#pragma omp simd reduction(+ : sn, s3, s4, sd, sr)
         for (int64_t i = b0; i < b1; i++) {
             AM_ADAM_GRAD(i, gi)
-            TYPE vn = v[i] * beta2 + omb2 * (gi * gi);
+            TYPE gg = gi * gi;
+            TYPE vn = v[i] * beta2 + omb2 * gg;
             v[i] = vn;
-            AM_ADAM_TERMS(TYPE, i, gi, vn, s0, s1, s2, s3, s4, sd, sr)
+            TYPE sq = SQRT(vn);
+            TYPE w = (TYPE)1 / (sq * kb + (vn * ka + kc));
+            TYPE opl = sq * ols + olc, a1p = sq * a1s + a1c;
+            TYPE di = d[i], dv = di - gi, dv2 = dv * dv;
+            TYPE t = has_x ? gi * (di * r2 + gi) : gg;
+            sn += w * (a1p * dv2 + opl * t);
+            if (has_x) {
+                TYPE xi = x[i];
+                s3 += gi * xi;
+                s4 += di * xi;
+            }
+            sd += w * dv2;
+            sr += w * (di * di + gg);
         }
 #if !AM_DOUBLE
-        if (AM_UNSAFE(s0 + s1 + sd + sr, safe_min, b0, b1, g, d)) {
-            double w0 = 0, w1 = 0, w2 = 0, w3 = 0, w4 = 0, wd = 0, wr = 0;
-            for (int64_t i = b0; i < b1; i++) { /* v is updated already */
-                AM_ADAM_GRAD(i, gi)
-                TYPE vn = v[i];
-                AM_ADAM_TERMS(double, i, gi, vn, w0, w1, w2, w3, w4, wd, wr)
-            }
-            double num = a[0] * w0 + a[1] * w1;
-            if (has_x) num += a[2] * w2 + a[3] * w3 + a[4] * w4;
-            am_add(&acc[0], num);
-            am_add(&acc[1], wd);
-            am_add(&acc[2], wr);
+        if (AM_UNSAFE(fabsf(sn) + sd + sr, safe_min, b0, b1, g, d)) {
+            AM_ADAM_BLOCK_IN_DOUBLE(b0, b1);
             continue;
         }
 #endif
-        double num = a[0] * (double)s0 + a[1] * (double)s1;
-        if (has_x) num += a[2] * (double)s2 + a[3] * (double)s3 + a[4] * (double)s4;
+        double num = (double)sn;
+        if (has_x) num += a[3] * (double)s3 + a[4] * (double)s4;
         am_add(&acc[0], num);
         am_add(&acc[1], (double)sd);
         am_add(&acc[2], (double)sr);
@@ -296,28 +354,32 @@ AM_EXPORT int AM_FN(adam_reduce)(int64_t count, const int64_t *numel, void *cons
     return 0;
 }
 
-/* x update of the apply pass: mode 0 (decoupled) x = decay x - lr s, mode 1 (proximal)
-   x = shrink (x - lr s), with s = d / p. */
-#define AM_X_UPDATE(xi, s, mlr, decay, shrink, mode, has_wd)                                 \
+/* x update of the apply pass given step = -lr d / p: mode 0 (decoupled)
+   x = decay x + step, mode 1 (proximal) x = shrink (x + step). */
+#define AM_X_UPDATE(xi, step, decay, shrink, mode, has_wd)                                   \
     do {                                                                                     \
         if ((mode) == 1) {                                                                   \
-            xi = xi + (mlr) * (s);                                                           \
+            xi = xi + (step);                                                                \
             if (has_wd) xi = xi * (shrink);                                                  \
         } else {                                                                             \
             if (has_wd) xi = xi * (decay);                                                   \
-            xi = xi + (mlr) * (s);                                                           \
+            xi = xi + (step);                                                                \
         }                                                                                    \
     } while (0)
 
-/* apply over [lo, hi), recomputing p from v:
-   d = g + (beta + lam p)/(1 + lam p) (d - g), then the x update. */
+/* apply over [lo, hi), recomputing s = sqrt(v) and w = 1 / (p (1 + lam p)) from v:
+   d = g + (beta + lam p)/(1 + lam p) (d - g), formed as d - (1 - beta) p (d - g) w, and
+   the x update with -lr / p = -lr (1 + lam p) w. */
 AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
                                        const TYPE *restrict g, TYPE *restrict d,
                                        const TYPE *restrict v, const AM_FN(adam_k) *k,
                                        const TYPE beta, const int has_gmul, const int has_l2,
                                        const int mode, const int has_wd) {
-    const TYPE gmul = k->gmul, l2 = k->l2, cs = k->cs, ce = k->ce, lam = k->lam;
-    const TYPE mlr = k->mlr, decay = k->decay, shrink = k->shrink;
+    const TYPE gmul = k->gmul, l2 = k->l2, decay = k->decay, shrink = k->shrink;
+    const TYPE ka = k->ka, kb = k->kb, kc = k->kc, mls = k->mls, mlc = k->mlc;
+    /* (1 - beta) p = s obs + obc */
+    const TYPE obs = (TYPE)((1.0 - (double)beta) * (double)k->cs);
+    const TYPE obc = (TYPE)((1.0 - (double)beta) * (double)k->ce);
     AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
     for (int64_t b0 = c0; b0 < c1; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < c1 ? b0 + AM_BLOCK : c1;
@@ -326,14 +388,12 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
             TYPE gi = g[i], xi = x[i];
             if (has_gmul) gi = gi * gmul;
             if (has_l2) gi = gi + l2 * xi;
-            TYPE p = SQRT(v[i]) * cs + ce;
-            TYPE lp = lam * p;
-            TYPE one_lp = (TYPE)1 + lp;
-            TYPE w = (TYPE)1 / (p * one_lp);
-            TYPE coef = (beta + lp) * (p * w); /* (beta + lam p) / (1 + lam p) */
-            TYPE dn = (d[i] - gi) * coef + gi;
+            TYPE vi = v[i], sq = SQRT(vi);
+            TYPE w = (TYPE)1 / (sq * kb + (vi * ka + kc));
+            TYPE di = d[i];
+            TYPE dn = di - ((sq * obs + obc) * (di - gi)) * w;
             d[i] = dn;
-            AM_X_UPDATE(xi, dn * (one_lp * w), mlr, decay, shrink, mode, has_wd);
+            AM_X_UPDATE(xi, dn * ((sq * mls + mlc) * w), decay, shrink, mode, has_wd);
             x[i] = xi;
         }
     }
