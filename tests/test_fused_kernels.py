@@ -221,7 +221,11 @@ def test_adam_sums_keep_float_accuracy_when_squares_are_subnormal(isa, exponent,
 # The kernels take the numerator's weights a_k as data: besides the rule's, any weights
 # give sum_k a_k S_k, including a0 = 0 (the kernels' loop folds the S0, S1, S2 terms into
 # one sum with a2 / a0, so that case sums by the definition).
-OTHER_WEIGHTS = {"rule": None, "arbitrary": (1.7, -0.4, 0.3, 0.2, -0.6), "a0 zero": (0.0, -0.3, 0.5, 0.2, -0.1)}
+OTHER_WEIGHTS = {
+    "rule": None,
+    "arbitrary": (1.7, -0.4, 0.3, 0.2, -0.6),
+    "a0 zero": (0.0, -0.3, 0.5, 0.2, -0.1),
+}
 
 
 @pytest.mark.parametrize("isa", LEVELS)
