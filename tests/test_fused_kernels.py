@@ -231,19 +231,19 @@ OTHER_WEIGHTS = {
 @pytest.mark.parametrize("isa", LEVELS)
 @pytest.mark.parametrize("suffix", DTYPES)
 @pytest.mark.parametrize(
-    "mode, weights_of",
-    [("decoupled", "rule"), ("proximal", "rule"), ("l2", "rule"),
-     ("decoupled", "arbitrary"), ("decoupled", "a0 zero")],
+    "mode, weights_of, lam",
+    [("decoupled", "rule", 0.2), ("proximal", "rule", 0.2), ("l2", "rule", 0.2),
+     ("decoupled", "rule", 0.0), ("decoupled", "arbitrary", 0.2), ("decoupled", "a0 zero", 0.2)],
 )  # fmt: skip
 @pytest.mark.parametrize("gmul", [1.0, -0.125])
-def test_adam_reduce_and_apply_match_the_formulas(isa, suffix, mode, weights_of, gmul):
+def test_adam_reduce_and_apply_match_the_formulas(isa, suffix, mode, weights_of, lam, gmul):
     dtype, tol = DTYPES[suffix]
     sizes = [3000, 17, 70001]
     xs, gs, ds, vs = _tensors(sizes, 4, dtype, RNG_SEED + 1, positive=(3,))
     for t in ds:
         t.mul_(0.3)
     x0, g0, d0, v0 = _f64(xs), _f64(gs), _f64(ds), _f64(vs)
-    lr, beta2, eps, lam, wd = 0.01, 0.99, 1e-3, 0.2, 0.1
+    lr, beta2, eps, wd = 0.01, 0.99, 1e-3, 0.1
     cfg = AMConfig(lam=lam, beta_max=0.9, numerator="linear")
     rule_wd = 0.0 if mode == "l2" else wd
     weights = OTHER_WEIGHTS[weights_of] or _rule.adam_weights(cfg, lr=lr, weight_decay=rule_wd)

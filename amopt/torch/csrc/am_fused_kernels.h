@@ -161,14 +161,15 @@ AM_EXPORT int AM_FN(sgd_apply)(int64_t count, const int64_t *numel, void *const 
 
 /* Constants of one tensor, in the parameter dtype. With cs = c sqrt(1/bias2) and
    ce = c eps, the preconditioner is p = c (eps + sqrt(v / bias2)) = s cs + ce, s = sqrt(v),
-   and with a_k the numerator's weights (_rule.adam_weights):
-     p (1 + lam p) = v ka + s kb + kc        a0 (1 + lam p) = s ols + olc
-     a1 p = s a1s + a1c                      -lr (1 + lam p) = s mls + mlc
-   r2 = a2 / a0; general: a0 = 0, the reduce then sums every block by its definition. */
+   and every quantity affine in s (or in v = s^2) is one multiply-add, for short chains:
+     p (1 + lam p) = v ka + s kb + kc,   lam p = s lcs + lce,   -lr (1 + lam p) = s mls + mlc.
+   fast: the numerator's weights (_rule.adam_weights) are the rule's, a1 = -lam a0 with
+   a0 != 0, so that a0 S0 + a1 S1 + a2 S2 = a0 sum w (t + lam p (t - (d-g)^2)) with
+   t = g (g + r2 d), r2 = a2 / a0; other weights are summed by their definition. */
 typedef struct {
     TYPE gmul, l2, beta2, omb2, cs, ce, lam, decay, shrink, safe_min;
-    TYPE ka, kb, kc, ols, olc, a1s, a1c, r2, mls, mlc;
-    int general;
+    TYPE ka, kb, kc, lcs, lce, mls, mlc, r2;
+    int fast;
     double a[5];
 } AM_FN(adam_k);
 
@@ -176,37 +177,33 @@ typedef struct {
 static inline AM_FN(adam_k)
     AM_FN(adam_constants)(const double *hp, TYPE c, double ib2) {
     AM_FN(adam_k) k;
+    const double cs = (double)c * sqrt(ib2), ce = (double)c * hp[3], lam = hp[4];
+    const double mlr = -hp[5];
     k.gmul = (TYPE)hp[0];
     k.l2 = (TYPE)hp[1];
     k.beta2 = (TYPE)hp[2];
     k.omb2 = (TYPE)(1.0 - hp[2]);
-    k.cs = (TYPE)((double)c * sqrt(ib2));
-    k.ce = (TYPE)((double)c * hp[3]);
-    k.lam = (TYPE)hp[4];
+    k.cs = (TYPE)cs;
+    k.ce = (TYPE)ce;
+    k.lam = (TYPE)lam;
     k.decay = (TYPE)hp[6];
     k.shrink = (TYPE)hp[7];
     for (int q = 0; q < 5; q++) k.a[q] = hp[8 + q];
-    {
-        const double cs = (double)c * sqrt(ib2), ce = (double)c * hp[3], lam = hp[4];
-        const double mlr = -hp[5], a0 = k.a[0];
-        k.ka = (TYPE)(lam * cs * cs);
-        k.kb = (TYPE)(cs * (1.0 + 2.0 * lam * ce));
-        k.kc = (TYPE)(ce * (1.0 + lam * ce));
-        k.ols = (TYPE)(a0 * lam * cs);
-        k.olc = (TYPE)(a0 * (1.0 + lam * ce));
-        k.a1s = (TYPE)(k.a[1] * cs);
-        k.a1c = (TYPE)(k.a[1] * ce);
-        k.general = a0 == 0.0;
-        k.r2 = (TYPE)(k.general ? 0.0 : k.a[2] / a0);
-        k.mls = (TYPE)(mlr * lam * cs);
-        k.mlc = (TYPE)(mlr * (1.0 + lam * ce));
-    }
+    k.ka = (TYPE)(lam * cs * cs);
+    k.kb = (TYPE)(cs * (1.0 + 2.0 * lam * ce));
+    k.kc = (TYPE)(ce * (1.0 + lam * ce));
+    k.lcs = (TYPE)(lam * cs);
+    k.lce = (TYPE)(lam * ce);
+    k.mls = (TYPE)(mlr * lam * cs);
+    k.mlc = (TYPE)(mlr * (1.0 + lam * ce));
+    k.fast = k.a[0] != 0.0 && k.a[1] == -lam * k.a[0];
+    k.r2 = (TYPE)(k.fast ? k.a[2] / k.a[0] : 0.0);
     /* The weights 1/p, w and u are at most max(1, 1/ce): a block of AM_BLOCK terms
        carries at most 2^-140 max(1, 1/ce) from subnormal squares, below 2^-17 (the
        float block sum's own relative error) of any block sum above 2^-123 max(1, 1/ce).
        With eps = 0 (ce = 0) every nonzero block is summed in double. */
     {
-        double ce = (double)k.ce, bound = ce >= 1.0 ? 0x1p-123 : 0x1p-123 / ce;
+        double bound = ce >= 1.0 ? 0x1p-123 : 0x1p-123 / (double)k.ce;
         k.safe_min = (TYPE)(bound > (double)AM_SAFE_MIN ? bound : (double)AM_SAFE_MIN);
     }
     return k;
@@ -260,14 +257,18 @@ static inline AM_FN(adam_k)
         am_add(&acc[2], wr);                                                                 \
     } while (0)
 
-/* reduce over [lo, hi): the v update (in place), then per block, with s = sqrt(v),
-   w = 1 / (v ka + s kb + kc), a0 (1 + lam p) and a1 p from s (adam_k), the sums
-     sn = sum w (a1 p (d-g)^2 + a0 (1 + lam p) g (g + r2 d)) = a0 S0 + a1 S1 + a2 S2,
-     s3 = S3, s4 = S4, sd = D, sr = R;
-   each block's N = sn + a3 s3 + a4 s4 is formed in double. The squares are formed before
-   they are weighted: a square or product below float's normal range carries an absolute
-   error of at most 2^-150, times a weight of at most 1/(c eps); adam_constants sets the
-   block sums' lower bound so that such errors stay below the float summation's own. */
+/* reduce over [lo, hi): the v update (in place), then per block, with s = sqrt(v) and
+   w = 1 / (p (1 + lam p)) (adam_k), the sums
+     sn = sum w (t + lam p (t - (d-g)^2)), t = g (g + r2 d),
+     s3 = S3, s4 = S4, sd = D = sum w (d-g)^2, sr = R = sum w (d^2 + g^2);
+   each block's N = a0 sn + a3 s3 + a4 s4 is formed in double. Written for the CPU's
+   pipes: the weight comes last, v is updated as v + (1 - beta2)(g^2 - v), differences
+   go to the adders, and an element costs 15 multiplies or multiply-adds (12 without
+   weight decay) besides the square root and the division. The squares are formed
+   before they are weighted: a square or product below float's normal range carries an
+   absolute error of at most 2^-150, times a weight of at most 1/(c eps); adam_constants
+   sets the block sums' lower bound so that such errors stay below the float
+   summation's own. */
 AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
                                         const TYPE *restrict g, const TYPE *restrict d,
                                         TYPE *restrict v, const AM_FN(adam_k) *k,
@@ -275,13 +276,12 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
                                         const int has_x, am_sum *acc) {
     const TYPE gmul = k->gmul, l2 = k->l2, beta2 = k->beta2, omb2 = k->omb2;
     const TYPE cs = k->cs, ce = k->ce, lam = k->lam, safe_min = k->safe_min;
-    const TYPE ka = k->ka, kb = k->kb, kc = k->kc, ols = k->ols, olc = k->olc;
-    const TYPE a1s = k->a1s, a1c = k->a1c, r2 = k->r2;
+    const TYPE ka = k->ka, kb = k->kb, kc = k->kc, lcs = k->lcs, lce = k->lce, r2 = k->r2;
     const double *a = k->a;
     (void)safe_min; /* float only */
     for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
         int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
-        if (k->general) {
+        if (!k->fast) {
             for (int64_t i = b0; i < b1; i++) {
                 AM_ADAM_GRAD(i, gi)
                 v[i] = v[i] * beta2 + omb2 * (gi * gi);
@@ -293,15 +293,15 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
 #pragma omp simd reduction(+ : sn, s3, s4, sd, sr)
         for (int64_t i = b0; i < b1; i++) {
             AM_ADAM_GRAD(i, gi)
-            TYPE gg = gi * gi;
-            TYPE vn = v[i] * beta2 + omb2 * gg;
+            TYPE gg = gi * gi, vo = v[i];
+            TYPE vn = omb2 * (gg - vo) + vo;
             v[i] = vn;
             TYPE sq = SQRT(vn);
             TYPE w = (TYPE)1 / (sq * kb + (vn * ka + kc));
-            TYPE opl = sq * ols + olc, a1p = sq * a1s + a1c;
+            TYPE lp = sq * lcs + lce;
             TYPE di = d[i], dv = di - gi, dv2 = dv * dv;
             TYPE t = has_x ? gi * (di * r2 + gi) : gg;
-            sn += w * (a1p * dv2 + opl * t);
+            sn += w * (lp * (t - dv2) + t);
             if (has_x) {
                 TYPE xi = x[i];
                 s3 += gi * xi;
@@ -316,7 +316,7 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
             continue;
         }
 #endif
-        double num = (double)sn;
+        double num = a[0] * (double)sn;
         if (has_x) num += a[3] * (double)s3 + a[4] * (double)s4;
         am_add(&acc[0], num);
         am_add(&acc[1], (double)sd);
