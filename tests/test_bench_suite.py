@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -63,7 +64,12 @@ def test_quick_run_prints_the_table_and_writes_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| metric | AM side | baseline | ratio | target | status |" in text
     assert "QUICK sizes" in text and "Load average" in text
+    # the header's memory-bandwidth probe: two positive GB/s figures, also in the JSON
+    line = next(x for x in text.splitlines() if x.startswith("Memory bandwidth"))
+    assert len(re.findall(r"\d+\.\d GB/s", line)) == 2
     payload = json.loads(out.read_text())
+    assert payload["memory_bandwidth_gbs_before"] > 0
+    assert payload["memory_bandwidth_gbs_after"] > 0
     assert [r["key"] for r in payload["rows"]] == ["adamw-global", "amsgd", "core-numpy"]
     for r in payload["rows"]:
         m = r["measured"]
@@ -231,7 +237,6 @@ def _benchmark_classes():
 
 
 def test_asv_config_is_valid_json_with_comments():
-    import re
 
     text = (ASV_DIR / "asv.conf.json").read_text()
     conf = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from amopt.bench import cases
-from amopt.bench._timing import Paired, interleave, load_average, machine_info
+from amopt.bench._timing import Paired, interleave, load_average, machine_info, memory_bandwidth
 
 __all__ = ["Settings", "Measured", "Row", "Result", "ROWS", "run_rows", "format_report", "main"]
 
@@ -95,6 +95,8 @@ class Result:
 # --------------------------------------------------------------------------- measurements
 
 N_PARAMS = 25_000_000
+#: MiB copied by the memory-bandwidth probe of the report's header, by ``Settings.quick``
+_PROBE_MIB = {False: 256, True: 16}
 
 
 def _sizes(s: Settings, n_params: int, n_tensors: int) -> tuple[int, int]:
@@ -504,8 +506,10 @@ def format_report(
     info: dict[str, str],
     settings: Settings,
     loads: tuple[object, object],
+    bandwidth: tuple[float | None, float | None] = (None, None),
 ) -> str:
-    """The markdown report: machine, settings, load before and after, the table, notes.
+    """The markdown report: machine, settings, load and memory bandwidth before and after,
+    the table, notes.
 
     Parameters
     ----------
@@ -515,6 +519,8 @@ def format_report(
     settings : Settings
     loads : (load before, load after)
         ``os.getloadavg()`` triples, or ``None`` where unavailable.
+    bandwidth : (GB/s before, GB/s after)
+        :func:`amopt.bench._timing.memory_bandwidth`, or ``None`` where unavailable.
     """
     lines = ["Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items())]
     lines.append(
@@ -528,6 +534,15 @@ def format_report(
 
     lines.append(
         f"Load average (1, 5, 15 min): before {fmt_load(loads[0])}, after {fmt_load(loads[1])}"
+    )
+
+    def fmt_bw(bw: float | None) -> str:
+        return "n/a" if bw is None else f"{bw:.1f} GB/s"
+
+    lines.append(
+        f"Memory bandwidth (one torch copy, {_PROBE_MIB[settings.quick]} MiB, "
+        f"{settings.threads if settings.threads > 0 else 'default'} thread(s)): before "
+        f"{fmt_bw(bandwidth[0])}, after {fmt_bw(bandwidth[1])}"
     )
     lines.append("")
     lines.append("| metric | AM side | baseline | ratio | target | status |")
@@ -628,20 +643,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{r.key:22s} {target:8s} {r.metric}")
         return 0
     settings = Settings(repeat=args.repeat, quick=args.quick, threads=args.threads)
-    before = load_average()
+    mib = _PROBE_MIB[settings.quick]
+    before, bw_before = load_average(), memory_bandwidth(mib, threads=settings.threads)
     with _a9a_from(args.data_dir):
         results = run_rows(
             rows, settings, progress=lambda m: print(m, file=sys.stderr, flush=True)
         )
-    after = load_average()
+    after, bw_after = load_average(), memory_bandwidth(mib, threads=settings.threads)
     info = machine_info()
-    print(format_report(results, info, settings, (before, after)))
+    print(format_report(results, info, settings, (before, after), (bw_before, bw_after)))
     if args.json:
         payload = {
             "machine": info,
             "settings": asdict(settings),
             "load_before": before,
             "load_after": after,
+            "memory_bandwidth_gbs_before": bw_before,
+            "memory_bandwidth_gbs_after": bw_after,
             "rows": [
                 {
                     "key": r.row.key,

@@ -22,6 +22,7 @@ __all__ = [
     "interleave",
     "load_average",
     "machine_info",
+    "memory_bandwidth",
     "timed_rounds",
 ]
 
@@ -222,6 +223,41 @@ def interleave(
         {"a": timed(run_a), "b": timed(run_b)}, rounds=repeat, inner=inner, warmup=warmup
     )
     return Paired(a=out["a"][TOTAL], b=out["b"][TOTAL])
+
+
+def memory_bandwidth(mib: int = 256, repeat: int = 5, threads: int = 1) -> float | None:
+    """GB/s of copying one float32 tensor of ``mib`` MiB into another with torch.
+
+    Read and written bytes both count; the median of ``repeat`` copies after one warm-up,
+    on ``threads`` torch threads (0: torch's default). The optimizer steps of the bench
+    stream from memory, so a host whose memory bandwidth is shared with other work shows
+    it here, before and after the rows. ``None`` without torch.
+
+    Examples
+    --------
+    >>> bw = memory_bandwidth(mib=4, repeat=3)
+    >>> bw is None or bw > 0
+    True
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    old = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        src = torch.ones(mib << 18)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(old)
+    return 2 * src.numel() * src.element_size() / statistics.median(times) / 1e9
 
 
 def load_average() -> tuple[float, float, float] | None:
