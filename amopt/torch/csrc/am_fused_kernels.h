@@ -10,9 +10,9 @@
  * multiply-adds where the compiler finds them. Every quantity that is linear in
  * s = sqrt(v) (p, 1 + lam p, and p (1 + lam p) = lam cs^2 v + cs (1 + 2 lam ce) s
  * + ce (1 + lam ce)) is one multiply-add of s with per-tensor constants, and w is
- * applied last: the chain from v to w to the results is short, which is what bounds
- * these loops on CPUs whose out-of-order window fills while the square root and the
- * division are in flight (measured on AMD Zen 3). Each block of AM_BLOCK elements is
+ * applied last: the chain from v to w to the results is short, which matters on CPUs
+ * whose out-of-order window fills while the square root and the division are in
+ * flight (measured on AMD Zen 3). Each block of AM_BLOCK elements is
  * summed in the parameter dtype (the numerator as three weighted partial sums,
  * combined in double) and the block sums are added in double precision with
  * compensation (am_add). A float block whose sums leave float's safe range (AM_UNSAFE:
@@ -265,10 +265,9 @@ static inline AM_FN(adam_k)
    (short chains from v), and the numerator is one float sum: fewer accumulators and
    live constants, 14 % faster in cache than five weighted sums on AMD Zen 3. The
    squares are formed before they are weighted: a square or product below float's
-   normal range carries an
-   absolute error of at most 2^-150, times a weight of at most 1/(c eps); adam_constants
-   sets the block sums' lower bound so that such errors stay below the float
-   summation's own. */
+   normal range carries an absolute error of at most 2^-150, times a weight of at most
+   1/(c eps); adam_constants sets the block sums' lower bound so that such errors stay
+   below the float summation's own. */
 AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
                                         const TYPE *restrict g, const TYPE *restrict d,
                                         TYPE *restrict v, const AM_FN(adam_k) *k,
