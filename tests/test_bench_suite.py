@@ -77,6 +77,15 @@ def test_quick_run_prints_the_table_and_writes_json(tmp_path, capsys):
         assert r["status"] in ("met", "MISSED")
 
 
+def test_memory_bandwidth_counts_the_bytes_read_and_written(monkeypatch):
+    from amopt.bench import _timing
+
+    clock = itertools.count(0.0, 0.25)  # every copy takes 0.25 s on this clock
+    monkeypatch.setattr(_timing.time, "perf_counter", lambda: next(clock))
+    bw = _timing.memory_bandwidth(mib=2, repeat=3)
+    assert bw == pytest.approx(2 * 2 * 2**20 / 0.25 / 1e9, rel=1e-12)
+
+
 def _fake_row(key, target, ratio=None, skip=None):
     def measure(settings):
         if skip:
