@@ -167,7 +167,7 @@ AM_EXPORT int AM_FN(sgd_apply)(int64_t count, const int64_t *numel, void *const 
    a0 != 0, so that a0 S0 + a1 S1 + a2 S2 = a0 sum w (t + lam p (t - (d-g)^2)) with
    t = g (g + r2 d), r2 = a2 / a0; other weights are summed by their definition. */
 typedef struct {
-    TYPE gmul, l2, beta2, omb2, cs, ce, lam, decay, shrink, safe_min;
+    TYPE gmul, l2, omb2, cs, ce, lam, decay, shrink, safe_min;
     TYPE ka, kb, kc, lcs, lce, mls, mlc, r2;
     int fast;
     double a[5];
@@ -181,7 +181,6 @@ static inline AM_FN(adam_k)
     const double mlr = -hp[5];
     k.gmul = (TYPE)hp[0];
     k.l2 = (TYPE)hp[1];
-    k.beta2 = (TYPE)hp[2];
     k.omb2 = (TYPE)(1.0 - hp[2]);
     k.cs = (TYPE)cs;
     k.ce = (TYPE)ce;
@@ -203,7 +202,7 @@ static inline AM_FN(adam_k)
        float block sum's own relative error) of any block sum above 2^-123 max(1, 1/ce).
        With eps = 0 (ce = 0) every nonzero block is summed in double. */
     {
-        double bound = ce >= 1.0 ? 0x1p-123 : 0x1p-123 / (double)k.ce;
+        double ce_ = (double)k.ce, bound = ce_ >= 1.0 ? 0x1p-123 : 0x1p-123 / ce_;
         k.safe_min = (TYPE)(bound > (double)AM_SAFE_MIN ? bound : (double)AM_SAFE_MIN);
     }
     return k;
@@ -213,6 +212,10 @@ static inline AM_FN(adam_k)
     TYPE gi = g[i];                                                                          \
     if (has_gmul) gi = gi * gmul;                                                            \
     if (has_l2) gi = gi + l2 * x[i];
+
+/* The second moment's update beta2 v + (1 - beta2) g^2, as v + (1 - beta2)(g^2 - v): one
+   formula for every block, whichever loop sums it. */
+#define AM_ADAM_V(vo, gg) (omb2 * ((gg) - (vo)) + (vo))
 
 /* The AM-Adam reduce terms of element i by their definition, given the updated v (vn):
    p in the parameter dtype (as in the apply pass), everything after it in dtype T. With
@@ -273,7 +276,7 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
                                         TYPE *restrict v, const AM_FN(adam_k) *k,
                                         const int has_gmul, const int has_l2,
                                         const int has_x, am_sum *acc) {
-    const TYPE gmul = k->gmul, l2 = k->l2, beta2 = k->beta2, omb2 = k->omb2;
+    const TYPE gmul = k->gmul, l2 = k->l2, omb2 = k->omb2;
     const TYPE cs = k->cs, ce = k->ce, lam = k->lam, safe_min = k->safe_min;
     const TYPE ka = k->ka, kb = k->kb, kc = k->kc, lcs = k->lcs, lce = k->lce, r2 = k->r2;
     const double *a = k->a;
@@ -283,7 +286,7 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
         if (!k->fast) {
             for (int64_t i = b0; i < b1; i++) {
                 AM_ADAM_GRAD(i, gi)
-                v[i] = v[i] * beta2 + omb2 * (gi * gi);
+                v[i] = AM_ADAM_V(v[i], gi * gi);
             }
             AM_ADAM_BLOCK_IN_DOUBLE(b0, b1);
             continue;
@@ -293,7 +296,7 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
         for (int64_t i = b0; i < b1; i++) {
             AM_ADAM_GRAD(i, gi)
             TYPE gg = gi * gi, vo = v[i];
-            TYPE vn = omb2 * (gg - vo) + vo;
+            TYPE vn = AM_ADAM_V(vo, gg);
             v[i] = vn;
             TYPE sq = SQRT(vn);
             TYPE w = (TYPE)1 / (sq * kb + (vn * ka + kc));
