@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent
 CSRC = Path("amopt") / "torch" / "csrc"
 #: The kernel sources, in the order ``amopt.torch._fused.SOURCES`` hashes them.
 SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h", "am_fused_variant.h")
-BASE_FLAGS = ["-O3", "-g0", "-fno-math-errno", "-ffp-contract=fast", "-std=c99"]
+BASE_FLAGS = ["-O3", "-g0", "-fno-math-errno", "-ffp-contract=off", "-std=c99"]
 # tried in order until one builds: OpenMP threads, then SIMD pragmas only, then plain C
 FLAG_SETS = (["-fopenmp"], ["-fopenmp-simd"], [])
 

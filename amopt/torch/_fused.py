@@ -107,7 +107,7 @@ _MODES = {"decoupled": 0, "proximal": 1, "l2": 0}
 _DTYPES = (torch.float32, torch.float64)
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
-_BASE_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=fast", "-std=c99", "-fPIC", "-shared")
+_BASE_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-std=c99", "-fPIC", "-shared")
 # tried in order until one compiles: OpenMP threads, then SIMD pragmas only, then plain C
 _FLAG_SETS = (("-fopenmp",), ("-fopenmp-simd",), ())
 _DEFAULT_CHUNK_BYTES = 4 << 20

@@ -26,6 +26,12 @@
 #include "am_fused_common.h"
 
 #define AM_ISA base
+/* fma() is one instruction where math.h says so (e.g. AArch64), a library call otherwise */
+#if defined(FP_FAST_FMAF) && defined(FP_FAST_FMA)
+#define AM_HAS_FMA 1
+#else
+#define AM_HAS_FMA 0
+#endif
 #include "am_fused_variant.h"
 
 #if AM_X86_SIMD
@@ -37,6 +43,7 @@
 #pragma GCC target("avx2,fma")
 #endif
 #define AM_TARGETED
+#define AM_HAS_FMA 1
 #define AM_ISA avx2
 #include "am_fused_variant.h"
 
@@ -50,6 +57,7 @@
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
 #endif
 #define AM_TARGETED
+#define AM_HAS_FMA 1
 #define AM_ISA avx512
 #include "am_fused_variant.h"
 

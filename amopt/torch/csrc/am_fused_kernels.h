@@ -6,8 +6,12 @@
  * single-tensor reference paths, with rewrites that trade divisions for
  * multiplications: p = c (eps + sqrt(v / bias2)) as sqrt(v) (c sqrt(1/bias2)) + c eps;
  * 1/p, u = 1/(1 + lam p) and (beta + lam p)/(1 + lam p) from the single reciprocal
- * w = 1 / (p (1 + lam p)); squares formed before they are weighted; fused
- * multiply-adds where the compiler finds them. Every quantity that is linear in
+ * w = 1 / (p (1 + lam p)); squares formed before they are weighted. The library is
+ * compiled without floating-point contraction (-ffp-contract=off): every fused
+ * multiply-add is written out (AM_FMA), so each value rounds as the source says, in
+ * every loop and with every compiler, and the products that feed several sums (g^2)
+ * are rounded once and added, which leaves the multiply pipes less to do (the divider
+ * and the multiply-adds share them on AMD Zen 3). Every quantity that is linear in
  * s = sqrt(v) (p, 1 + lam p, and p (1 + lam p) = lam cs^2 v + cs (1 + 2 lam ce) s
  * + ce (1 + lam ce)) is one multiply-add of s with per-tensor constants, and w is
  * applied last: the chain from v to w to the results is short, which matters on CPUs
@@ -28,10 +32,18 @@
 #define TYPE double
 #define SUF f64
 #define SQRT sqrt
+#define FMA_ fma
 #else
 #define TYPE float
 #define SUF f32
 #define SQRT sqrtf
+#define FMA_ fmaf
+#endif
+/* a b + c, rounded once where the variant has the instruction */
+#if AM_HAS_FMA
+#define AM_FMA(a, b, c) FMA_(a, b, c)
+#else
+#define AM_FMA(a, b, c) ((a) * (b) + (c))
 #endif
 
 #define AM_FN_(name, suf, isa) am_##name##_##suf##_##isa
@@ -41,7 +53,8 @@
 /* ================================================================== AMSGD */
 
 /* The AMSGD reduce terms of element i, in dtype T: g (gmul, coupled decay), d (= g on
-   the first step), v = d - g, added to sv, sg, sd. */
+   the first step), v = d - g, added to sv, sg, sd. Products rounded to T, then added
+   (AM_FMA is for the parameter dtype only). */
 #define AM_SGD_TERMS(T, i, sv, sg, sd)                                                      \
     T gi = (T)g[i] * (T)gmul;                                                                \
     if (has_wd) gi = gi + (T)wd * (T)x[i];                                                   \
@@ -120,10 +133,10 @@ AM_INLINE void AM_FN(sgd_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
 #pragma omp simd
         for (int64_t i = b0; i < b1; i++) {
             TYPE gi = g[i] * gmul, xi = x[i];
-            if (has_wd) gi = gi + wd * xi;
-            TYPE dn = first ? gi : (d[i] - gi) * gamma + gi;
+            if (has_wd) gi = AM_FMA(wd, xi, gi);
+            TYPE dn = first ? gi : AM_FMA(d[i] - gi, gamma, gi);
             d[i] = dn;
-            x[i] = xi + mlr * dn;
+            x[i] = AM_FMA(mlr, dn, xi);
         }
     }
     AM_CHUNKS_END
@@ -211,11 +224,11 @@ static inline AM_FN(adam_k)
 #define AM_ADAM_GRAD(i, gi)                                                                  \
     TYPE gi = g[i];                                                                          \
     if (has_gmul) gi = gi * gmul;                                                            \
-    if (has_l2) gi = gi + l2 * x[i];
+    if (has_l2) gi = AM_FMA(l2, x[i], gi);
 
 /* The second moment's update beta2 v + (1 - beta2) g^2, as v + (1 - beta2)(g^2 - v): one
    formula for every block, whichever loop sums it. */
-#define AM_ADAM_V(vo, gg) (omb2 * ((gg) - (vo)) + (vo))
+#define AM_ADAM_V(vo, gg) AM_FMA(omb2, (gg) - (vo), (vo))
 
 /* The AM-Adam reduce terms of element i by their definition, given the updated v (vn):
    p in the parameter dtype (as in the apply pass), everything after it in dtype T. With
@@ -224,8 +237,8 @@ static inline AM_FN(adam_k)
    (S2..S4 only when one of their weights is nonzero), D = sum e with e = w (d-g)^2, and
    R = sum w (d^2 + g^2). Used, in double, for the blocks the fast loop cannot sum. */
 #define AM_ADAM_TERMS(T, i, gi, vn, S0, S1, S2, S3, S4, SD, SR)                             \
-    TYPE p_ = SQRT(vn) * cs + ce;                                                            \
-    TYPE one_lp_ = (TYPE)1 + lam * p_;                                                       \
+    TYPE p_ = AM_FMA(SQRT(vn), cs, ce);                                                      \
+    TYPE one_lp_ = AM_FMA(lam, p_, (TYPE)1);                                                 \
     T p = (T)p_, one_lp = (T)one_lp_;                                                        \
     T w = (T)1 / (p * one_lp);                                                               \
     T g_ = (T)(gi), d_ = (T)d[i], dv = d_ - g_;                                              \
@@ -299,18 +312,18 @@ AM_INLINE void AM_FN(adam_reduce_range)(int64_t lo, int64_t hi, const TYPE *rest
             TYPE vn = AM_ADAM_V(vo, gg);
             v[i] = vn;
             TYPE sq = SQRT(vn);
-            TYPE w = (TYPE)1 / (sq * kb + (vn * ka + kc));
-            TYPE lp = sq * lcs + lce;
+            TYPE w = (TYPE)1 / AM_FMA(sq, kb, AM_FMA(vn, ka, kc));
+            TYPE lp = AM_FMA(sq, lcs, lce);
             TYPE di = d[i], dv = di - gi, dv2 = dv * dv;
-            TYPE t = has_x ? gi * (di * r2 + gi) : gg;
-            sn += w * (lp * (t - dv2) + t);
+            TYPE t = has_x ? AM_FMA(gi * di, r2, gg) : gg;
+            sn = AM_FMA(w, AM_FMA(lp, t - dv2, t), sn);
             if (has_x) {
                 TYPE xi = x[i];
-                s3 += gi * xi;
-                s4 += di * xi;
+                s3 = AM_FMA(gi, xi, s3);
+                s4 = AM_FMA(di, xi, s4);
             }
-            sd += w * dv2;
-            sr += w * (di * di + gg);
+            sd = AM_FMA(w, dv2, sd);
+            sr = AM_FMA(w, AM_FMA(di, di, gg), sr);
         }
 #if !AM_DOUBLE
         if (AM_UNSAFE(fabsf(sn) + sd + sr, safe_min, b0, b1, g, d)) {
@@ -363,8 +376,9 @@ AM_EXPORT int AM_FN(adam_reduce)(int64_t count, const int64_t *numel, void *cons
         if ((mode) == 1) {                                                                   \
             xi = xi + (step);                                                                \
             if (has_wd) xi = xi * (shrink);                                                  \
+        } else if (has_wd) {                                                                 \
+            xi = AM_FMA(xi, decay, step);                                                    \
         } else {                                                                             \
-            if (has_wd) xi = xi * (decay);                                                   \
             xi = xi + (step);                                                                \
         }                                                                                    \
     } while (0)
@@ -389,13 +403,13 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
         for (int64_t i = b0; i < b1; i++) {
             TYPE gi = g[i], xi = x[i];
             if (has_gmul) gi = gi * gmul;
-            if (has_l2) gi = gi + l2 * xi;
+            if (has_l2) gi = AM_FMA(l2, xi, gi);
             TYPE vi = v[i], sq = SQRT(vi);
-            TYPE w = (TYPE)1 / (sq * kb + (vi * ka + kc));
+            TYPE w = (TYPE)1 / AM_FMA(sq, kb, AM_FMA(vi, ka, kc));
             TYPE di = d[i];
-            TYPE dn = di - ((sq * obs + obc) * (di - gi)) * w;
+            TYPE dn = AM_FMA(-(AM_FMA(sq, obs, obc) * (di - gi)), w, di);
             d[i] = dn;
-            AM_X_UPDATE(xi, dn * ((sq * mls + mlc) * w), decay, shrink, mode, has_wd);
+            AM_X_UPDATE(xi, dn * (AM_FMA(sq, mls, mlc) * w), decay, shrink, mode, has_wd);
             x[i] = xi;
         }
     }
@@ -509,4 +523,6 @@ AM_EXPORT int AM_FN(adam_step)(int64_t count, const int64_t *numel, void *const 
 #undef TYPE
 #undef SUF
 #undef SQRT
+#undef FMA_
+#undef AM_FMA
 #undef AM_DOUBLE
