@@ -279,6 +279,58 @@ def test_adam_reduce_and_apply_match_the_formulas(isa, suffix, mode, weights_of,
         _close(_f64([xs[k]])[0], xn, tol, f"x of tensor {k}")
 
 
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("suffix", ["f32", "f64"])
+@pytest.mark.parametrize("has_x", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_adam_traffic_reads_every_array_and_changes_none(isa, suffix, has_x, threads):
+    """The bench's floor kernel: the first pass sums what it reads (g, d, v and, with
+    has_x, x) in every chunk; nothing is modified. The float block sums carry a relative
+    error of at most about 128 terms x 2^-24 of the sum of magnitudes."""
+    dtype, tol = DTYPES[suffix]
+    sizes = [70_001, 5, 300_000]  # the last one is split across threads
+    ts = _tensors(sizes, 4, dtype, 9, positive=(3,))
+    before = [t.clone() for t in sum(ts, [])]
+    arrays = _arrays(sizes, *ts)
+    chunks = np.array([0, 2, 2, 3], dtype=np.int64)  # two chunks: tensors 0-1, tensor 2
+    sums = np.full(2, np.nan)
+    one_zero = np.array([1.0, 0.0])
+    status = _bind("adam_traffic", suffix, isa)(
+        3, *arrays.at(0), int(has_x), one_zero.ctypes.data, threads, chunks.ctypes.data, 2,
+        sums.ctypes.data,
+    )  # fmt: skip
+    assert status == 0
+    x, g, d, v = (_f64(a) for a in ts)
+    read = (g, d, v, x) if has_x else (g, d, v)
+    for q, (a, b) in enumerate([(0, 2), (2, 3)]):
+        parts = [arr[j] for arr in read for j in range(a, b)]
+        expected = sum(float(p.sum()) for p in parts)
+        magnitude = sum(float(np.abs(p).sum()) for p in parts)
+        assert abs(sums[q] - expected) <= tol * magnitude, (q, sums[q], expected)
+    assert all(torch.equal(t, b) for t, b in zip(sum(ts, []), before, strict=True))
+
+
+def test_adam_traffic_runs_on_optimizer_tensors():
+    """The Python entry point takes the tensors of a fused AMAdamW and leaves them as they were."""
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (1000, 3)]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt = AMAdamW(params, lr=1e-3, fused=True)
+    opt.step()
+    state = [[opt.state[p][k] for p in params] for k in ("exp_avg", "exp_avg_sq")]
+    arrays = [list(params), [p.grad for p in params], *state]
+    before = [[t.detach().clone() for t in a] for a in arrays]
+    total = _fused.adam_traffic(*arrays, has_x=False)
+    expected = sum(float(t.double().sum()) for a in arrays[1:] for t in a)
+    magnitude = sum(float(t.double().abs().sum()) for a in arrays[1:] for t in a)
+    assert abs(total - expected) <= 2e-5 * magnitude
+    pairs = zip(sum(arrays, []), sum(before, []), strict=True)
+    assert all(torch.equal(t, b) for t, b in pairs)
+    with pytest.raises(ValueError, match="adam_traffic"):
+        _fused.adam_traffic(*arrays[:3], [t.double() for t in arrays[3]])
+
+
 @pytest.mark.parametrize("kernel", ["sgd", "adam"])
 def test_threads_split_large_tensors_to_the_same_result(kernel):
     """A tensor above the OpenMP threshold gives the single-thread sums and updates."""

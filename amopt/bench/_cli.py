@@ -125,6 +125,19 @@ def _optimizers(kind_a: str, kind_b: str, n_tensors: int, per_layer: bool) -> Ca
     return measure
 
 
+def _traffic(n_tensors: int, per_layer: bool) -> Callable:
+    def measure(s: Settings) -> Measured:
+        _set_threads(s)
+        n, t = _sizes(s, N_PARAMS, n_tensors)
+        a = cases.TrafficCase(n, t, per_layer=per_layer)
+        b = cases.OptimizerCase("adamw_fused", n, t, per_layer=per_layer)
+        p = interleave(a.run, b.run, repeat=s.repeat, warmup=3)
+        note = f"{n:,} params, {t} tensors; the AM side reads and writes what the fused step does"
+        return Measured.from_paired(p, scale=1e3, unit="ms", note=note)
+
+    return measure
+
+
 def _compile_counts(case: cases.OptimizerCase) -> str:
     """Three compiled steps of ``case``: its graphs, recompilations and graph breaks.
 
@@ -372,6 +385,15 @@ ROWS: tuple[Row, ...] = (
 
 #: informational rows, run with ``--extra``
 EXTRA_ROWS: tuple[Row, ...] = (
+    Row(
+        "adamw-layers-floor",
+        "memory traffic of the fused per-layer AMAdamW step, without its arithmetic / "
+        "AdamW(fused=True).step, 25M params in 48 tensors (a floor of the adamw-layers row)",
+        "two passes, no arithmetic",
+        "AdamW(fused=True)",
+        None,
+        _traffic(48, True),
+    ),
     Row(
         "adamw-foreach-vs-fused",
         "AMAdamW(foreach=True).step / AdamW(fused=True).step, 25M params, 48 tensors",

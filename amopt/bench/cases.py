@@ -244,6 +244,39 @@ class OptimizerCase:
         return total
 
 
+class TrafficCase:
+    """The memory traffic of a fused AMAdamW step without its arithmetic.
+
+    ``run()`` is :func:`amopt.torch._fused.adam_traffic` on the parameters, gradients
+    and states of an ``AMAdamW(fused=True)`` :class:`OptimizerCase` (stepped once to
+    create its state): the two passes of the fused step, in its order and chunks, with
+    no square root, division or rule. Its time is a floor for any two-pass step over
+    these tensors on this machine.
+    """
+
+    def __init__(
+        self, n_params: int, n_tensors: int, *, per_layer: bool = True, seed: int = 0
+    ) -> None:
+        case = OptimizerCase("am_adamw_fused", n_params, n_tensors, per_layer=per_layer, seed=seed)
+        case.run()
+        opt = case.optimizer
+        group = opt.param_groups[0]
+        self.case, self.per_layer = case, per_layer
+        self.tensors = (
+            list(group["params"]),
+            [p.grad for p in group["params"]],
+            [opt.state[p]["exp_avg"] for p in group["params"]],
+            [opt.state[p]["exp_avg_sq"] for p in group["params"]],
+        )
+        # the numerator's weight-decay sums read the parameters in the first pass
+        self.has_x = group["weight_decay"] != 0 and group["weight_decay_mode"] != "l2"
+
+    def run(self) -> None:
+        from amopt.torch._fused import adam_traffic
+
+        adam_traffic(*self.tensors, per_layer=self.per_layer, has_x=self.has_x)
+
+
 def peak_state_memory(kind: str, n_params: int, n_tensors: int, per_layer: bool) -> dict:
     """Run in a fresh process: bytes the optimizer adds to the peak resident memory.
 

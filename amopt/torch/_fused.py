@@ -95,7 +95,7 @@ __all__ = [
     "warn_fallback",
 ]
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 CSRC = Path(__file__).resolve().parent / "csrc"
 #: The kernel sources, hashed in this order (as ``setup.py`` does).
 SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h", "am_fused_variant.h")
@@ -429,6 +429,7 @@ class _Kernels:
             "sgd_step": [i64, vp, vp, vp, vp, vp, vp, i64, vp, i64, i64, vp, i64, vp, vp, vp, vp],
             "adam_step": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, i64, vp, i64, i64, vp,
                           i64, vp, vp, vp],
+            "adam_traffic": [i64, vp, vp, vp, vp, vp, i64, vp, i64, vp, i64, vp],
         }  # fmt: skip
         for kernel, argtypes in signatures.items():
             for suffix in ("f32", "f64"):
@@ -1087,3 +1088,45 @@ def fused_am_adamw(
     torch.autograd.graph.increment_version([*params, *exp_avgs, *exp_avg_sqs, *state_steps])
     value = scopes.value(parts)
     return scopes.tensors(value, n), scopes.tensors(prods * value, n)
+
+
+def adam_traffic(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    *,
+    per_layer: bool = True,
+    has_x: bool = True,
+) -> float:
+    """The memory traffic of one fused AM-Adam step, without its arithmetic.
+
+    The two passes of :func:`fused_am_adamw` over the same tensors, in the same order
+    and chunks, reading and writing what the kernels read and write (the parameters too
+    with ``has_x``: the numerator's weight-decay sums read them), but writing back the
+    values read: no tensor changes. Its time is a floor for any two-pass step over these
+    tensors on this machine; ``python -m amopt.bench --extra`` compares it with
+    ``AdamW(fused=True)``.
+
+    Returns
+    -------
+    float
+        The sum of the values the first pass read (kept so that no load is dropped).
+    """
+    kernels = library()
+    if kernels is None:
+        raise RuntimeError(f"the fused kernels are unavailable ({_state.get('error')})")
+    checked = _check([list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)])
+    if isinstance(checked, str):
+        raise ValueError(f"adam_traffic: {checked}")
+    (xs, *_), dtype, numels, addresses = checked
+    arrays = _Arrays(numels, addresses)
+    ranges = _scopes(numels, per_layer, 4 * xs[0].element_size(), None)
+    chunks = _chunk_array(ranges)
+    sums = np.empty(len(ranges))
+    one_zero = np.array([1.0, 0.0])
+    kernels.fn[f"adam_traffic_{_SUFFIX[dtype]}"](
+        len(numels), *arrays.at(0), int(has_x), one_zero.ctypes.data, _threads(),
+        chunks.ctypes.data, len(ranges), sums.ctypes.data,
+    )  # fmt: skip
+    return float(sums.sum())

@@ -68,6 +68,30 @@ class TimeAdamFamilyStep:
     track_state_bytes.unit = "bytes"  # type: ignore[attr-defined]
 
 
+class TimeFusedAdamTrafficFloor:
+    """The memory traffic of a fused AM-AdamW step without its arithmetic (CPU).
+
+    ``amopt.torch._fused.adam_traffic`` on the tensors of ``am_adamw_fused``: a floor of
+    that step's time on this machine, to read against ``adamw_fused``.
+    """
+
+    params = (list(LAYOUTS),)
+    param_names = ["layout"]
+    timeout = 600
+    warmup_time = 0.5
+
+    def setup(self, layout: str) -> None:
+        n, t, per_layer = _sizes(layout)
+        try:
+            self.case = cases.TrafficCase(n, t, per_layer=per_layer)
+            self.case.run()
+        except (cases.SkipCase, RuntimeError) as exc:  # no fused kernels here
+            raise NotImplementedError(str(exc)) from None
+
+    def time_two_passes(self, layout: str) -> None:
+        self.case.run()
+
+
 class TimeSGDFamilyStep:
     """One ``step()`` of AMSGD and torch's SGD with (dampened) momentum."""
 

@@ -14,6 +14,7 @@
  *   am_adam_apply_<T>_<ISA>    d = g + (beta + lam p) / (1 + lam p) (d - g), then x
  *   am_sgd_step_<T>_<ISA>      reduce -> rule -> apply per chunk, the rule as a tape of
  *   am_adam_step_<T>_<ISA>     amopt/_tape.py (chunks still in cache when applied)
+ *   am_adam_traffic_<T>_<ISA>  adam_step's memory traffic without its arithmetic (bench)
  *   am_advance_steps           step counters += 1 (and Adam's 1 / (1 - beta2^step))
  *   am_tape_eval, am_cpu_level, am_isa_built, am_openmp, am_abi_version, am_source_hash
  *

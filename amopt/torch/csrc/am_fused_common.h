@@ -9,7 +9,7 @@
 #include <omp.h>
 #endif
 
-#define AM_ABI_VERSION 4
+#define AM_ABI_VERSION 5
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AM_X86_SIMD 1

@@ -517,6 +517,81 @@ AM_EXPORT int AM_FN(adam_step)(int64_t count, const int64_t *numel, void *const 
     return 0;
 }
 
+/* ================================================================== memory floor */
+
+/* adam_traffic's first pass over [lo, hi): reads g, d, v (and x), writes v. */
+AM_INLINE void AM_FN(traffic_read_range)(int64_t lo, int64_t hi, const TYPE *restrict x,
+                                         const TYPE *restrict g, const TYPE *restrict d,
+                                         TYPE *restrict v, const TYPE one, const TYPE zero,
+                                         const int has_x, am_sum *acc) {
+    for (int64_t b0 = lo; b0 < hi; b0 += AM_BLOCK) {
+        int64_t b1 = b0 + AM_BLOCK < hi ? b0 + AM_BLOCK : hi;
+        TYPE s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = b0; i < b1; i++) {
+            TYPE vn = AM_FMA(v[i], one, g[i] * zero);
+            v[i] = vn;
+            s += (g[i] + d[i]) + (has_x ? vn + x[i] : vn);
+        }
+        am_add(&acc[0], (double)s);
+    }
+}
+
+/* adam_traffic's second pass over [lo, hi): reads x, g, d, v, writes x and d. */
+AM_INLINE void AM_FN(traffic_write_range)(int64_t lo, int64_t hi, TYPE *restrict x,
+                                          const TYPE *restrict g, TYPE *restrict d,
+                                          const TYPE *restrict v, const TYPE one,
+                                          const TYPE zero) {
+    AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
+#pragma omp simd
+    for (int64_t i = c0; i < c1; i++) {
+        TYPE gi = g[i], di = d[i];
+        d[i] = AM_FMA(di, one, gi * zero);
+        x[i] = AM_FMA(x[i], one, (gi + di + v[i]) * zero);
+    }
+    AM_CHUNKS_END
+}
+
+/* The memory traffic of adam_step with next to no arithmetic, for amopt.bench: per chunk
+   [chunks[2q], chunks[2q+1]) of tensors, a pass that reads g, d, v (and x with has_x)
+   and writes v, then a pass, over the same tensors in the apply order, that reads x, g,
+   d, v and writes x and d. The values written are the values read (one = 1, zero = 0 at
+   run time, for finite data), so the tensors keep their contents. sums[q]: the sum of
+   everything the first pass read in chunk q, so that no load can be dropped. A two-pass
+   step over tensors in this layout costs at least this much. */
+AM_EXPORT int AM_FN(adam_traffic)(int64_t count, const int64_t *numel, void *const *xs,
+                                  void *const *gs, void *const *ds, void *const *vs,
+                                  int64_t has_x, const double *one_zero, int64_t nthreads,
+                                  const int64_t *chunks, int64_t nchunks, double *sums) {
+    const TYPE one = (TYPE)one_zero[0], zero = (TYPE)one_zero[1];
+    (void)count;
+    for (int64_t q = 0; q < nchunks; q++) {
+        int64_t a = chunks[2 * q], b = chunks[2 * q + 1];
+        double total = 0.0;
+        for (int64_t j = a; j < b; j++) {
+            const TYPE *x = (const TYPE *)xs[j], *g = (const TYPE *)gs[j];
+            const TYPE *d = (const TYPE *)ds[j];
+            TYPE *v = (TYPE *)vs[j];
+            double part[1];
+            AM_PARALLEL_REDUCE(numel[j], nthreads, 1, part, {
+                if (has_x)
+                    AM_FN(traffic_read_range)(lo, hi, x, g, d, v, one, zero, 1, acc);
+                else
+                    AM_FN(traffic_read_range)(lo, hi, x, g, d, v, one, zero, 0, acc);
+            });
+            total += part[0];
+        }
+        sums[q] = total;
+        for (int64_t j = b - 1; j >= a; j--) {
+            TYPE *x = (TYPE *)xs[j], *d = (TYPE *)ds[j];
+            const TYPE *g = (const TYPE *)gs[j], *v = (const TYPE *)vs[j];
+            AM_PARALLEL_APPLY(numel[j], nthreads,
+                              { AM_FN(traffic_write_range)(lo, hi, x, g, d, v, one, zero); });
+        }
+    }
+    return 0;
+}
+
 #undef AM_FN
 #undef AM_FN2
 #undef AM_FN_
