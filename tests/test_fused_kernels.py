@@ -799,7 +799,7 @@ def _scaled_betas(cls, scale, **kwargs):
 # At lam = 0 (no weight decay) both rules are ratios of sums that scale alike with the
 # gradients (AMSGD <g,g>/<v,v>; AM-Adam with eps scaled too, every term ~ |g|), and a
 # power-of-two scale is exact in float: beta must not change. The float32 sums of a block
-# carry a relative error of at most about (AM_BLOCK / 4 lanes) * 2^-24 ~ 8e-6 for these
+# carry a relative error of at most about (128 terms per lane) * 2^-24 ~ 8e-6 for these
 # non-negative terms, and a ratio of two of them twice that: rtol 2e-5. Below 1e-19 the
 # squares are subnormal (flushed to 0: beta was 0), above 1e19 they overflow.
 @pytest.mark.parametrize("scale", [2.0**-80, 2.0**-70, 2.0**70, 2.0**80])

@@ -33,6 +33,7 @@
 #else
 #define AM_HAS_FMA 0
 #endif
+#define AM_LANES 4
 #include "am_fused_variant.h"
 
 #if AM_X86_SIMD
@@ -45,6 +46,7 @@
 #endif
 #define AM_TARGETED
 #define AM_HAS_FMA 1
+#define AM_LANES 8
 #define AM_ISA avx2
 #include "am_fused_variant.h"
 
@@ -59,6 +61,7 @@
 #endif
 #define AM_TARGETED
 #define AM_HAS_FMA 1
+#define AM_LANES 16
 #define AM_ISA avx512
 #include "am_fused_variant.h"
 

@@ -128,10 +128,9 @@ AM_INLINE void AM_FN(sgd_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
                                       const TYPE gamma, const TYPE mlr, const TYPE gmul,
                                       const TYPE wd, const int has_wd, const int first) {
     AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
-    for (int64_t b0 = c0; b0 < c1; b0 += AM_BLOCK) {
-        int64_t b1 = b0 + AM_BLOCK < c1 ? b0 + AM_BLOCK : c1;
+    {
 #pragma omp simd
-        for (int64_t i = b0; i < b1; i++) {
+        for (int64_t i = c0; i < c1; i++) {
             TYPE gi = g[i] * gmul, xi = x[i];
             if (has_wd) gi = AM_FMA(wd, xi, gi);
             TYPE dn = first ? gi : AM_FMA(d[i] - gi, gamma, gi);
@@ -211,11 +210,13 @@ static inline AM_FN(adam_k)
     k.fast = k.a[0] != 0.0 && k.a[1] == -lam * k.a[0];
     k.r2 = (TYPE)(k.fast ? k.a[2] / k.a[0] : 0.0);
     /* The weights 1/p, w and u are at most max(1, 1/ce): a block of AM_BLOCK terms
-       carries at most 2^-140 max(1, 1/ce) from subnormal squares, below 2^-17 (the
-       float block sum's own relative error) of any block sum above 2^-123 max(1, 1/ce).
-       With eps = 0 (ce = 0) every nonzero block is summed in double. */
+       carries at most AM_BLOCK 2^-149 max(1, 1/ce) from subnormal squares, below 2^-17
+       (the float block sum's own relative error) of any block sum above
+       AM_BLOCK 2^-132 max(1, 1/ce) (2^-123 for 512-element blocks). With eps = 0
+       (ce = 0) every nonzero block is summed in double. */
     {
-        double ce_ = (double)k.ce, bound = ce_ >= 1.0 ? 0x1p-123 : 0x1p-123 / ce_;
+        const double floor_ = ldexp((double)AM_BLOCK, -132);
+        double ce_ = (double)k.ce, bound = ce_ >= 1.0 ? floor_ : floor_ / ce_;
         k.safe_min = (TYPE)(bound > (double)AM_SAFE_MIN ? bound : (double)AM_SAFE_MIN);
     }
     return k;
@@ -397,10 +398,9 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
     const TYPE obs = (TYPE)((1.0 - (double)beta) * (double)k->cs);
     const TYPE obc = (TYPE)((1.0 - (double)beta) * (double)k->ce);
     AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
-    for (int64_t b0 = c0; b0 < c1; b0 += AM_BLOCK) {
-        int64_t b1 = b0 + AM_BLOCK < c1 ? b0 + AM_BLOCK : c1;
+    {
 #pragma omp simd
-        for (int64_t i = b0; i < b1; i++) {
+        for (int64_t i = c0; i < c1; i++) {
             TYPE gi = g[i], xi = x[i];
             if (has_gmul) gi = gi * gmul;
             if (has_l2) gi = AM_FMA(l2, xi, gi);

@@ -1,8 +1,9 @@
 /* One ISA variant of the kernels: am_fused_kernels.h for float and for double, named
  * after AM_ISA. Included by am_fused.c once per variant, after it has pushed the
- * variant's target options, set AM_TARGETED (left unset for the baseline) and
- * AM_HAS_FMA (1: fma() is one instruction); the options are popped here. No include
- * guard: this file is meant to be included several times.
+ * variant's target options, set AM_TARGETED (left unset for the baseline),
+ * AM_HAS_FMA (1: fma() is one instruction) and AM_LANES (float lanes of a vector); the
+ * options are popped here. No include guard: this file is meant to be included several
+ * times.
  */
 
 #define AM_DOUBLE 0
@@ -11,6 +12,7 @@
 #include "am_fused_kernels.h"
 #undef AM_ISA
 #undef AM_HAS_FMA
+#undef AM_LANES
 
 #ifdef AM_TARGETED
 #if defined(__clang__)
