@@ -132,7 +132,8 @@ def _traffic(n_tensors: int, per_layer: bool) -> Callable:
         a = cases.TrafficCase(n, t, per_layer=per_layer)
         b = cases.OptimizerCase("adamw_fused", n, t, per_layer=per_layer)
         p = interleave(a.run, b.run, repeat=s.repeat, warmup=3)
-        note = f"{n:,} params, {t} tensors; the AM side reads and writes what the fused step does"
+        tensors = f"{t} tensor" + ("s" if t != 1 else "")
+        note = f"{n:,} params, {tensors}; the AM side reads and writes what the fused step does"
         return Measured.from_paired(p, scale=1e3, unit="ms", note=note)
 
     return measure
@@ -393,6 +394,15 @@ EXTRA_ROWS: tuple[Row, ...] = (
         "AdamW(fused=True)",
         None,
         _traffic(48, True),
+    ),
+    Row(
+        "adamw-global-floor",
+        "memory traffic of the fused global-beta AMAdamW step, without its arithmetic / "
+        "AdamW(fused=True).step, one 25M-parameter tensor (a floor of the adamw-global row)",
+        "two passes, no arithmetic",
+        "AdamW(fused=True)",
+        None,
+        _traffic(1, False),
     ),
     Row(
         "adamw-foreach-vs-fused",

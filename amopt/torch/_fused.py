@@ -83,6 +83,7 @@ from amopt.torch._common import (
 __all__ = [
     "FusedFallbackWarning",
     "UnsafeKernelPath",
+    "adam_traffic",
     "eagerly",
     "fallback_grads",
     "fused_am_adamw",
