@@ -128,15 +128,13 @@ AM_INLINE void AM_FN(sgd_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
                                       const TYPE gamma, const TYPE mlr, const TYPE gmul,
                                       const TYPE wd, const int has_wd, const int first) {
     AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
-    {
 #pragma omp simd
-        for (int64_t i = c0; i < c1; i++) {
-            TYPE gi = g[i] * gmul, xi = x[i];
-            if (has_wd) gi = AM_FMA(wd, xi, gi);
-            TYPE dn = first ? gi : AM_FMA(d[i] - gi, gamma, gi);
-            d[i] = dn;
-            x[i] = AM_FMA(mlr, dn, xi);
-        }
+    for (int64_t i = c0; i < c1; i++) {
+        TYPE gi = g[i] * gmul, xi = x[i];
+        if (has_wd) gi = AM_FMA(wd, xi, gi);
+        TYPE dn = first ? gi : AM_FMA(d[i] - gi, gamma, gi);
+        d[i] = dn;
+        x[i] = AM_FMA(mlr, dn, xi);
     }
     AM_CHUNKS_END
 }
@@ -398,20 +396,18 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
     const TYPE obs = (TYPE)((1.0 - (double)beta) * (double)k->cs);
     const TYPE obc = (TYPE)((1.0 - (double)beta) * (double)k->ce);
     AM_CHUNKS_BACKWARDS(lo, hi, c0, c1)
-    {
 #pragma omp simd
-        for (int64_t i = c0; i < c1; i++) {
-            TYPE gi = g[i], xi = x[i];
-            if (has_gmul) gi = gi * gmul;
-            if (has_l2) gi = AM_FMA(l2, xi, gi);
-            TYPE vi = v[i], sq = SQRT(vi);
-            TYPE w = (TYPE)1 / AM_FMA(sq, kb, AM_FMA(vi, ka, kc));
-            TYPE di = d[i];
-            TYPE dn = AM_FMA(-(AM_FMA(sq, obs, obc) * (di - gi)), w, di);
-            d[i] = dn;
-            AM_X_UPDATE(xi, dn * (AM_FMA(sq, mls, mlc) * w), decay, shrink, mode, has_wd);
-            x[i] = xi;
-        }
+    for (int64_t i = c0; i < c1; i++) {
+        TYPE gi = g[i], xi = x[i];
+        if (has_gmul) gi = gi * gmul;
+        if (has_l2) gi = AM_FMA(l2, xi, gi);
+        TYPE vi = v[i], sq = SQRT(vi);
+        TYPE w = (TYPE)1 / AM_FMA(sq, kb, AM_FMA(vi, ka, kc));
+        TYPE di = d[i];
+        TYPE dn = AM_FMA(-(AM_FMA(sq, obs, obc) * (di - gi)), w, di);
+        d[i] = dn;
+        AM_X_UPDATE(xi, dn * (AM_FMA(sq, mls, mlc) * w), decay, shrink, mode, has_wd);
+        x[i] = xi;
     }
     AM_CHUNKS_END
 }
