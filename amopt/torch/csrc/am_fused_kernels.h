@@ -220,6 +220,8 @@ static inline AM_FN(adam_k)
     return k;
 }
 
+/* The gradient g gmul (+ l2 x); has_gmul and has_l2 are compile-time constants of each
+   loop (adam_reduce_one). */
 #define AM_ADAM_GRAD(i, gi)                                                                  \
     TYPE gi = g[i];                                                                          \
     if (has_gmul) gi = gi * gmul;                                                            \
@@ -342,10 +344,18 @@ static void AM_FN(adam_reduce_one)(int64_t n, const TYPE *x, const TYPE *g, cons
                                    TYPE *v, const AM_FN(adam_k) *k, int64_t nt, double *out) {
     const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
     const int has_x = k->a[2] != 0.0 || k->a[3] != 0.0 || k->a[4] != 0.0;
-    /* specialised loops for the common cases, one general loop for the rest */
+    /* One loop per combination of the flags (GCC vectorises no loop that holds both
+       fma() and a branch on a run-time flag); the loops for a gradient scale or an L2
+       term multiply by gmul, exactly when it is 1. */
     AM_PARALLEL_REDUCE(n, nt, 3, out, {
-        if (has_gmul || has_l2)
-            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, has_l2, has_x, acc);
+        if (has_l2 && has_x)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, 1, 1, acc);
+        else if (has_l2)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, 1, 0, acc);
+        else if (has_gmul && has_x)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, 0, 1, acc);
+        else if (has_gmul)
+            AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 1, 0, 0, acc);
         else if (has_x)
             AM_FN(adam_reduce_range)(lo, hi, x, g, d, v, k, 0, 0, 1, acc);
         else
@@ -369,17 +379,16 @@ AM_EXPORT int AM_FN(adam_reduce)(int64_t count, const int64_t *numel, void *cons
 }
 
 /* x update of the apply pass given step = -lr d / p: mode 0 (decoupled)
-   x = decay x + step, mode 1 (proximal) x = shrink (x + step). */
+   x = decay x + step (x + step without decay), mode 1 (proximal) x = shrink (x + step).
+   mode and has_wd are compile-time constants of each loop. */
 #define AM_X_UPDATE(xi, step, decay, shrink, mode, has_wd)                                   \
     do {                                                                                     \
-        if ((mode) == 1) {                                                                   \
-            xi = xi + (step);                                                                \
-            if (has_wd) xi = xi * (shrink);                                                  \
-        } else if (has_wd) {                                                                 \
+        if ((mode) == 1)                                                                     \
+            xi = (xi + (step)) * (shrink);                                                   \
+        else if (has_wd)                                                                     \
             xi = AM_FMA(xi, decay, step);                                                    \
-        } else {                                                                             \
+        else                                                                                 \
             xi = xi + (step);                                                                \
-        }                                                                                    \
     } while (0)
 
 /* apply over [lo, hi), recomputing s = sqrt(v) and w = 1 / (p (1 + lam p)) from v:
@@ -406,7 +415,8 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
         TYPE di = d[i];
         TYPE dn = AM_FMA(-(AM_FMA(sq, obs, obc) * (di - gi)), w, di);
         d[i] = dn;
-        AM_X_UPDATE(xi, dn * (AM_FMA(sq, mls, mlc) * w), decay, shrink, mode, has_wd);
+        TYPE step = dn * (AM_FMA(sq, mls, mlc) * w);
+        AM_X_UPDATE(xi, step, decay, shrink, mode, has_wd);
         x[i] = xi;
     }
     AM_CHUNKS_END
@@ -416,11 +426,20 @@ static void AM_FN(adam_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, co
                                   const AM_FN(adam_k) *k, TYPE beta, int mode, int64_t nt) {
     const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
     const int has_wd = mode == 1 ? k->shrink != (TYPE)1 : k->decay != (TYPE)1;
+    /* compile-time flags in every loop, as in adam_reduce_one; the proximal update
+       multiplies by shrink (1 without decay) and the loops for a gradient scale or an
+       L2 term by decay (exactly, when it is 1) */
     AM_PARALLEL_APPLY(n, nt, {
-        if (has_gmul || has_l2) {
-            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, has_l2, mode, has_wd);
+        if (has_l2 && mode == 1) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, 1, 1, 1);
+        } else if (has_l2) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, 1, 0, 1);
+        } else if (has_gmul && mode == 1) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, 0, 1, 1);
+        } else if (has_gmul) {
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, 0, 0, 1);
         } else if (mode == 1) {
-            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 1, has_wd);
+            AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 1, 1);
         } else if (has_wd) {
             AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 0, 0, 0, 1);
         } else {
