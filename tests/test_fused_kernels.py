@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import stat
 import subprocess
 import tempfile
@@ -630,6 +631,39 @@ def test_unknown_cpu_features_are_an_error(fresh_library, monkeypatch):
     monkeypatch.setenv("AMOPT_CPU_FEATURES", "sse9")
     status = _fused.fused_status()
     assert not status["available"] and "AMOPT_CPU_FEATURES must be one of" in status["error"]
+
+
+def test_every_element_loop_is_vectorised(tmp_path):
+    """GCC vectorises every ``omp simd`` element loop of the kernels, in every variant and
+    flag specialisation: its vectoriser report names none of them as missed and each as
+    vectorised. (A branch on a run-time flag in a loop that calls ``fma()`` once left the
+    scaled, L2 and proximal loops scalar, 5-7x slower.)"""
+    cc = _fused._compiler()
+    version = _fused._compiler_version(cc) if cc else ""
+    if "gcc" not in version.lower() or "clang" in version.lower():
+        pytest.skip(f"the vectoriser report is GCC's; compiler here: {version or 'none'}")
+    flags = [f for f in _fused._BASE_FLAGS if f != "-shared"]
+    report = tmp_path / "vec.txt"
+    cmd = [*cc, *flags, "-fopenmp-simd", "-c", str(_fused.CSRC / "am_fused.c"),
+           "-o", str(tmp_path / "k.o"), f"-fopt-info-vec-optimized-missed={report}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = (_fused.CSRC / "am_fused_kernels.h").read_text().splitlines()
+    # GCC reports a loop at its for line or at the first line of its body
+    loops = [k + 2 for k, line in enumerate(source) if line.strip() == "#pragma omp simd"
+             or line.strip().startswith("#pragma omp simd ")]  # fmt: skip
+    assert len(loops) >= 6
+
+    lines = report.read_text().splitlines()
+
+    def at(line):
+        pattern = re.compile(rf"am_fused_kernels\.h:({line}|{line + 1}):\d+: ")
+        return [r for r in lines if pattern.search(r)]
+
+    for line in loops:
+        reports = at(line)
+        assert not [r for r in reports if "missed" in r and "vectoriz" in r], source[line - 1]
+        assert [r for r in reports if "loop vectorized" in r], source[line - 1]
 
 
 def test_the_library_has_every_variant():
