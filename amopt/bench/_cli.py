@@ -405,6 +405,15 @@ EXTRA_ROWS: tuple[Row, ...] = (
         _traffic(1, False),
     ),
     Row(
+        "adamw-layers-amp",
+        "AMAdamW.step / AdamW(fused=True).step with a GradScaler's scale (torch.amp), 25M "
+        "params in 48 tensors, per-layer beta",
+        "AMAdamW(fused=True)",
+        "AdamW(fused=True)",
+        None,
+        _optimizers("am_adamw_fused_amp", "adamw_fused_amp", 48, True),
+    ),
+    Row(
         "adamw-foreach-vs-fused",
         "AMAdamW(foreach=True).step / AdamW(fused=True).step, 25M params, 48 tensors",
         "AMAdamW(foreach=True)",

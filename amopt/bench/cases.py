@@ -125,10 +125,12 @@ def _sync(device: str) -> None:
 OPTIMIZER_KINDS: dict[str, str] = {
     "am_adamw_default": "AMAdamW() (default flags)",
     "am_adamw_fused": "AMAdamW(fused=True)",
+    "am_adamw_fused_amp": "AMAdamW(fused=True), stepped with a GradScaler's scale",
     "am_adamw_foreach": "AMAdamW(foreach=True)",
     "am_adamw_compiled": "AMAdamW(), step under torch.compile",
     "adamw_default": "torch.optim.AdamW() (default flags)",
     "adamw_fused": "torch.optim.AdamW(fused=True)",
+    "adamw_fused_amp": "torch.optim.AdamW(fused=True), stepped with a GradScaler's scale",
     "adamw_foreach": "torch.optim.AdamW(foreach=True)",
     "adamw_compiled": "torch.optim.AdamW(), step under torch.compile",
     "amsgd_default": "AMSGD() (default flags)",
@@ -157,11 +159,11 @@ def make_optimizer(kind: str, params: list[Any], per_layer: bool) -> Any:
         return AMSGD(params, lr=1e-3, per_layer=per_layer)
     if kind == "sgd_default":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, dampening=0.9)
-    if kind == "am_adamw_fused":
+    if kind in ("am_adamw_fused", "am_adamw_fused_amp"):
         return AMAdamW(params, lr=1e-3, weight_decay=1e-2, per_layer=per_layer, fused=True)
     if kind == "am_adamw_foreach":
         return AMAdamW(params, lr=1e-3, weight_decay=1e-2, per_layer=per_layer, foreach=True)
-    if kind == "adamw_fused":
+    if kind in ("adamw_fused", "adamw_fused_amp"):
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, fused=True)
     if kind == "adamw_foreach":
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=True)
@@ -179,7 +181,9 @@ class OptimizerCase:
 
     ``run()`` is one ``optimizer.step()`` (with a device synchronisation on CUDA).
     The gradients are set once; the parameters move a little at every step,
-    which does not change the cost of a step.
+    which does not change the cost of a step. The ``*_amp`` kinds step as under
+    ``torch.amp.GradScaler``: with the optimizer's ``grad_scale`` (1024) and
+    ``found_inf`` (0) set, so that the step unscales the gradients itself.
 
     Parameters
     ----------
@@ -218,6 +222,9 @@ class OptimizerCase:
             p.grad = (1e-2 * torch.randn(size, generator=gen)).to(device)
             self.params.append(p)
         self.optimizer = make_optimizer(kind, self.params, per_layer)
+        if kind.endswith("_amp"):  # what GradScaler.step sets for a fused optimizer
+            self.optimizer.grad_scale = torch.tensor(1024.0, device=device)
+            self.optimizer.found_inf = torch.tensor(0.0, device=device)
         self._step: Callable[[], Any] = self.optimizer.step
         if kind.endswith("_compiled"):
             # PyTorch's "Compiling the optimizer" recipe: compile a function that steps
