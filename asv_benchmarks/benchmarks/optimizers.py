@@ -3,7 +3,8 @@
 The cases of ``python -m amopt.bench``: AM-AdamW against AdamW on 25M float32
 parameters (48 tensors with per-layer beta, one tensor with a global beta) with each
 implementation (default flags, ``fused=True``, ``foreach=True``, default flags with
-``step`` under ``torch.compile``), and AMSGD against ``SGD(momentum=0.9,
+``step`` under ``torch.compile``, ``fused=True`` stepped with a ``GradScaler``'s scale),
+and AMSGD against ``SGD(momentum=0.9,
 dampening=0.9)`` (default flags, fused, foreach; per-layer and global beta). On CUDA
 the fused CPU kernels do not apply; the other paths are timed there, with a device
 synchronisation after every step.
@@ -25,6 +26,8 @@ ADAM_KINDS = (
     "adamw_foreach",
     "am_adamw_compiled",
     "adamw_compiled",
+    "am_adamw_fused_amp",
+    "adamw_fused_amp",
 )
 SGD_KINDS = ("amsgd_default", "sgd_default", "amsgd_fused", "sgd_foreach", "amsgd_foreach")
 
@@ -37,7 +40,7 @@ def _sizes(layout: str) -> tuple[int, int, bool]:
 
 
 def _case(kind: str, layout: str, device: str) -> cases.OptimizerCase:
-    if device == "cuda" and kind.endswith("_fused") and not kind.startswith("adamw"):
+    if device == "cuda" and "_fused" in kind and not kind.startswith("adamw"):
         raise NotImplementedError("the fused AM kernels are CPU kernels")
     n, t, per_layer = _sizes(layout)
     try:
