@@ -425,10 +425,10 @@ AM_INLINE void AM_FN(adam_apply_range)(int64_t lo, int64_t hi, TYPE *restrict x,
 static void AM_FN(adam_apply_one)(int64_t n, TYPE *x, const TYPE *g, TYPE *d, const TYPE *v,
                                   const AM_FN(adam_k) *k, TYPE beta, int mode, int64_t nt) {
     const int has_gmul = k->gmul != (TYPE)1, has_l2 = k->l2 != (TYPE)0;
-    const int has_wd = mode == 1 ? k->shrink != (TYPE)1 : k->decay != (TYPE)1;
-    /* compile-time flags in every loop, as in adam_reduce_one; the proximal update
-       multiplies by shrink (1 without decay) and the loops for a gradient scale or an
-       L2 term by decay (exactly, when it is 1) */
+    const int has_wd = k->decay != (TYPE)1; /* decoupled decay (mode 0) */
+    /* compile-time flags in every loop, as in adam_reduce_one: the proximal loops always
+       multiply by shrink (1 without decay) and the loops for a gradient scale or an L2
+       term by decay (exactly, when it is 1), so they take has_wd = 1 */
     AM_PARALLEL_APPLY(n, nt, {
         if (has_l2 && mode == 1) {
             AM_FN(adam_apply_range)(lo, hi, x, g, d, v, k, beta, 1, 1, 1, 1);
