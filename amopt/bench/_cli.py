@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from amopt.bench import cases
 from amopt.bench._timing import Paired, interleave, load_average, machine_info, memory_bandwidth
@@ -110,33 +111,51 @@ def _set_threads(s: Settings) -> None:
         torch.set_num_threads(s.threads)
 
 
-def _optimizers(kind_a: str, kind_b: str, n_tensors: int, per_layer: bool) -> Callable:
+def _paired_steps(
+    make_a: Callable[[int, int], Any],
+    kind_b: str,
+    n_tensors: int,
+    per_layer: bool,
+    *,
+    compiled: bool = False,
+    note: str = "",
+) -> Callable:
+    """A row's measurement: ``make_a(n, t).run`` against ``OptimizerCase(kind_b)``,
+    interleaved; ``compiled``: the note also counts the AM side's graphs and breaks."""
+
     def measure(s: Settings) -> Measured:
         _set_threads(s)
         n, t = _sizes(s, N_PARAMS, n_tensors)
-        a = cases.OptimizerCase(kind_a, n, t, per_layer=per_layer)
-        compiled = _compile_counts(a) if kind_a.endswith("_compiled") else ""
+        a = make_a(n, t)
+        counts = _compile_counts(a) if compiled else ""
         b = cases.OptimizerCase(kind_b, n, t, per_layer=per_layer)
         p = interleave(a.run, b.run, repeat=s.repeat, warmup=3)
         tensors = f"{t} tensor" + ("s" if t != 1 else "")
-        note = f"{n:,} params, {tensors}{compiled}"
-        return Measured.from_paired(p, scale=1e3, unit="ms", note=note)
+        return Measured.from_paired(
+            p, scale=1e3, unit="ms", note=f"{n:,} params, {tensors}{counts}{note}"
+        )
 
     return measure
+
+
+def _optimizers(kind_a: str, kind_b: str, n_tensors: int, per_layer: bool) -> Callable:
+    return _paired_steps(
+        lambda n, t: cases.OptimizerCase(kind_a, n, t, per_layer=per_layer),
+        kind_b,
+        n_tensors,
+        per_layer,
+        compiled=kind_a.endswith("_compiled"),
+    )
 
 
 def _traffic(n_tensors: int, per_layer: bool) -> Callable:
-    def measure(s: Settings) -> Measured:
-        _set_threads(s)
-        n, t = _sizes(s, N_PARAMS, n_tensors)
-        a = cases.TrafficCase(n, t, per_layer=per_layer)
-        b = cases.OptimizerCase("adamw_fused", n, t, per_layer=per_layer)
-        p = interleave(a.run, b.run, repeat=s.repeat, warmup=3)
-        tensors = f"{t} tensor" + ("s" if t != 1 else "")
-        note = f"{n:,} params, {tensors}; the AM side reads and writes what the fused step does"
-        return Measured.from_paired(p, scale=1e3, unit="ms", note=note)
-
-    return measure
+    return _paired_steps(
+        lambda n, t: cases.TrafficCase(n, t, per_layer=per_layer),
+        "adamw_fused",
+        n_tensors,
+        per_layer,
+        note="; the AM side reads and writes what the fused step does",
+    )
 
 
 def _compile_counts(case: cases.OptimizerCase) -> str:
