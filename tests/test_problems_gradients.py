@@ -96,11 +96,7 @@ def test_gradient_matches_finite_differences_numpy(name):
 def test_gradient_matches_finite_differences_torch(name):
     prob = PROBLEMS[name]
     x = _point(prob)
-    if _is_sparse(prob):
-        with pytest.raises(TypeError, match="SciPy sparse matrix evaluates NumPy arrays only"):
-            prob.value_and_grad(torch.asarray(x))
-        return
-    xt = torch.tensor(x, dtype=torch.float64)
+    xt = torch.tensor(x, dtype=torch.float64)  # a sparse X evaluates as torch sparse CSR
     f, g = prob.value_and_grad(xt)
     assert isinstance(g, torch.Tensor) and g.dtype == torch.float64 and g.shape == xt.shape
     assert isinstance(f, torch.Tensor) and f.ndim == 0
@@ -147,9 +143,10 @@ def test_batch_gradient(name):
     fs = [prob.batch_value_and_grad(x, np.array([i])) for i in range(prob.n_samples)]
     assert np.mean([float(v) for v, _ in fs]) == pytest.approx(float(ff), rel=1e-12)
     np.testing.assert_allclose(np.mean([gi for _, gi in fs], axis=0), gf, atol=1e-12)
-    if not _is_sparse(prob):
-        ft, gt = prob.batch_value_and_grad(torch.tensor(x), idx)
+    for ix in (idx, torch.as_tensor(idx)):  # host and device indices (sparse X included)
+        ft, gt = prob.batch_value_and_grad(torch.tensor(x), ix)
         np.testing.assert_allclose(gt.numpy(), g, rtol=1e-12, atol=1e-14)
+    if not _is_sparse(prob):
         fx, gx = prob.batch_value_and_grad(xs.asarray(x), idx)
         np.testing.assert_allclose(np.asarray(gx), g, rtol=1e-12, atol=1e-14)
 

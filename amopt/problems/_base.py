@@ -10,6 +10,14 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ..backends import array_namespace, is_array, to_numpy
+from ._device_sparse import (
+    DeviceCSR,
+    _GatheredRows,
+    _SelectedRows,
+    _Structure,
+    _take_rows,
+    device_library,
+)
 
 __all__ = ["Problem", "FiniteSumProblem"]
 
@@ -125,12 +133,53 @@ class _RowSum(FiniteSumProblem):
         """Mean loss over the rows ``indices`` (repeats count) plus the regulariser, and its
         gradient."""
         x, xp = self._prepare(x, self._shapes)
-        idx = self._check_indices(indices)
+        idx = self._device_indices(indices, x)
+        if idx is None:
+            idx = self._check_indices(indices)
         if getattr(self._data, "lazy", False):
             return self._data.evaluate(self._eval, x, idx.shape[0], idx)
         X, t = self._data.arrays(x, xp)
         Xb, tb = self._data.rows(X, t, idx, xp, x)
         return self._eval(x, xp, Xb, tb, idx.shape[0])
+
+    def _device_indices(self, indices: Any, x: Any) -> Any:
+        """``indices`` on x's device when both are torch tensors or both CuPy arrays, else None.
+
+        Only the shape and dtype are checked: reading the values to check their
+        range would cost a device synchronisation per batch. Out-of-range
+        torch indices raise ``IndexError`` from torch's indexing on the CPU
+        (a device-side assertion on CUDA); CuPy wraps them around.
+        """
+        lib = device_library(x)
+        if lib is None or device_library(indices) != lib:
+            return None
+        if lib == "torch":
+            import torch
+
+            integer = not (
+                indices.dtype.is_floating_point
+                or indices.dtype.is_complex
+                or indices.dtype == torch.bool
+            )
+        else:
+            integer = indices.dtype.kind in "iu"
+        if indices.ndim != 1 or not integer:
+            raise ValueError(
+                f"indices must be a 1-D integer array, got shape {tuple(indices.shape)} and "
+                f"dtype {indices.dtype}"
+            )
+        if indices.shape[0] == 0:
+            raise ValueError("indices must not be empty")
+        if lib == "torch":
+            import torch
+
+            return indices.to(device=x.device, dtype=torch.int64)
+        if indices.device != x.device:
+            with x.device:
+                import cupy
+
+                return cupy.asarray(indices)
+        return indices
 
 
 class _SolvedNumerically:
@@ -247,45 +296,73 @@ class _Design:
         self.targets = targets
         self.n, self.d = int(n), int(d)
         self._cache: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._structures: dict[tuple[str, str], _Structure] = {}
         self._row_sq: np.ndarray | None = None
         self._gram_max: float | None = None
 
     # ---- evaluation data in x's namespace
     def arrays(self, x: Any, xp: Any) -> tuple[Any, Any]:
-        """``(X, targets)`` in the namespace/device/dtype of ``x`` (X stays sparse on NumPy)."""
+        """``(X, targets)`` in the namespace/device/dtype of ``x``.
+
+        A sparse ``X`` stays a SciPy matrix for NumPy ``x``, becomes a
+        :class:`~._device_sparse.DeviceCSR` (torch sparse CSR or
+        ``cupyx.scipy.sparse``) for torch and CuPy ``x``; built once per
+        (namespace, device, dtype) and cached.
+        """
         if isinstance(x, np.ndarray):
             if self.sparse:
                 return self.X, self.targets
             if isinstance(self.X, np.ndarray) and x.dtype == np.float64:
                 return self.X, self.targets
-        elif self.sparse:
+        elif self.sparse and device_library(x) is None:
             raise TypeError(
-                "a problem built on a SciPy sparse matrix evaluates NumPy arrays only, got "
-                f"{type(x).__name__}; pass X.toarray() (or a dense tensor) for other backends"
+                "a problem built on a SciPy sparse matrix evaluates NumPy, torch and CuPy "
+                f"arrays, got {type(x).__name__}; pass X.toarray() (or a dense array) for "
+                "other backends"
             )
         dev = _device(x)
         key = (xp.__name__, str(dev), str(x.dtype))
         hit = self._cache.get(key)
         if hit is None:
-            src = self.X if not isinstance(self.X, np.ndarray) else self.host
-            Xc = _convert(src, xp, x, dev)
+            if self.sparse:
+                Xc = DeviceCSR(self._structure(x, dev), self.X, self.XT, x.dtype)
+            else:
+                src = self.X if not isinstance(self.X, np.ndarray) else self.host
+                Xc = _convert(src, xp, x, dev)
             tc = xp.asarray(self.targets, dtype=x.dtype, device=dev)
             hit = self._cache[key] = (Xc, tc)
         return hit
 
+    def _structure(self, x: Any, dev: Any) -> _Structure:
+        """The device index arrays of the sparse ``X`` (one copy per device, for every dtype)."""
+        lib = device_library(x)
+        key = (lib, str(dev))
+        st = self._structures.get(key)
+        if st is None:
+            st = self._structures[key] = _Structure(self.X, self.XT, lib, dev)
+        return st
+
     def matvec(self, X: Any, w: Any) -> Any:
+        if isinstance(X, DeviceCSR | _GatheredRows | _SelectedRows):
+            return X.matvec(w)
         return X @ w
 
     def rmatvec(self, X: Any, r: Any, xp: Any, XT: Any = None) -> Any:
         """``X^T r`` for r of shape (m,) or (m, K)."""
+        if isinstance(X, DeviceCSR | _GatheredRows | _SelectedRows):
+            return X.rmatvec(r)
         if sp.issparse(X):
             return (XT if XT is not None else X.T) @ r
         return xp.matrix_transpose(X) @ r
 
-    def rows(self, X: Any, targets: Any, idx: np.ndarray, xp: Any, x: Any):
+    def rows(self, X: Any, targets: Any, idx: Any, xp: Any, x: Any):
+        """Rows ``idx`` of ``X`` and ``targets``: ``idx`` is a host (NumPy) index array, or,
+        for a device ``x``, one already on x's device."""
         if sp.issparse(X):
             return X[idx], targets[idx]
-        ix = xp.asarray(idx, device=_device(x))
+        ix = xp.asarray(idx, device=_device(x)) if isinstance(idx, np.ndarray) else idx
+        if isinstance(X, DeviceCSR):
+            return X.rows(ix), _take_rows(X.lib, targets, ix)
         return xp.take(X, ix, axis=0), xp.take(targets, ix, axis=0)
 
     # ---- spectral quantities (host, float64)
