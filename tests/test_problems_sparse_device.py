@@ -74,8 +74,25 @@ def _matrix(seed: int = 0, n: int = 120, d: int = 15) -> sp.csr_matrix:
     return sp.csr_matrix(A)
 
 
+def _uniform_matrix(seed: int = 3, n: int = 120, d: int = 15, k: int = 3) -> sp.csr_matrix:
+    """``k`` entries in every row but the last two (empty): stored as a padded block."""
+    rng = np.random.default_rng(seed)
+    cols = np.array([rng.choice(d, k, replace=False) for _ in range(n - 2)])
+    A = sp.csr_matrix(
+        (
+            rng.standard_normal(cols.size),
+            cols.ravel(),
+            np.r_[np.arange(0, cols.size + 1, k), [cols.size] * 2],
+        ),
+        shape=(n, d),
+    )
+    A.sort_indices()
+    return A
+
+
 def _problems() -> dict:
     X = _matrix()
+    U = _uniform_matrix()
     rng = np.random.default_rng(1)
     n = X.shape[0]
     y2 = np.where(rng.random(n) < 0.5, 1, 2)
@@ -89,6 +106,9 @@ def _problems() -> dict:
         "least-squares-l2": LeastSquares(X, yr, l2=0.3),
         "huber": HuberRegression(X, 3.0 * yr, delta=0.5),
         "nonconvex-logreg": NonconvexLogisticRegression(X, y2, alpha=0.2),
+        "padded-logreg-binary": LogisticRegression(U, y2, l2=0.01),
+        "padded-logreg-softmax": LogisticRegression(U, y3),
+        "padded-least-squares": LeastSquares(U, yr),
     }
 
 
@@ -218,11 +238,22 @@ def test_batch_evaluation_float64_matches_scipy(prob, dev, batch, where):
     _assert_close64(gd, g, "batch gradient")
 
 
-def test_both_batch_strategies_are_exercised():
+def test_every_batch_strategy_is_exercised():
     data = PROBLEMS["least-squares"]._data
     kmax = int(np.max(np.diff(data.host.indptr)))
     assert kmax == data.d  # row 7 is full
+    # rows of uneven length: small batches as a block built per batch, large ones through
+    # the full products
     assert BATCHES["small"].size * kmax <= data.host.nnz < BATCHES["large"].size * kmax
+    assert data.host.shape[0] * kmax > 2 * data.host.nnz
+    # rows of equal length: the padded block is stored
+    padded = PROBLEMS["padded-least-squares"]._data.host
+    assert padded.shape[0] * 3 <= 2 * padded.nnz and np.max(np.diff(padded.indptr)) == 3
+    assert BATCHES["small"].size * 3 <= padded.nnz
+    for name, stored in (("padded-least-squares", True), ("least-squares", False)):
+        prob = PROBLEMS[name]
+        prob.value_and_grad(torch.zeros(prob.dim, dtype=torch.float64))
+        assert [st.ell for st in prob._data._structures.values()] == [stored]
 
 
 @pytest.mark.parametrize("batch", ["small", "large"])

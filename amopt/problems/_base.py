@@ -131,7 +131,13 @@ class _RowSum(FiniteSumProblem):
 
     def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
         """Mean loss over the rows ``indices`` (repeats count) plus the regulariser, and its
-        gradient."""
+        gradient.
+
+        ``indices``: a 1-D integer array, on the host (checked against
+        ``[0, n_samples)``), or, for a torch or CuPy ``x``, a tensor/array of the
+        same library, which stays on the device: the rows are gathered there and
+        nothing is read back (so its values are not range-checked on the host).
+        """
         x, xp = self._prepare(x, self._shapes)
         idx = self._device_indices(indices, x)
         if idx is None:

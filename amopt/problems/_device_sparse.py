@@ -5,7 +5,10 @@ matrix products on a CSR copy of :math:`X` and one of :math:`X^\\top`. Mini-batc
 rows are gathered on the device without reading anything back to the host: the
 ``m`` selected rows are read into an ``(m, k_max)`` block (``k_max`` the largest
 row length, shorter rows padded with zeros), so the work and the output sizes
-are known from shapes alone. When that block would be larger than the matrix
+are known from shapes alone. Where the rows have nearly equal lengths
+(``n * k_max <= 2 nnz``, as in most LIBSVM sets) the padded ``(n, k_max)``
+block is stored and a batch is two row gathers from it; otherwise the block is
+built from the CSR arrays per batch. When that block would be larger than the matrix
 (``m * k_max > nnz``), the batch is evaluated through the full products instead
 (:math:`(Xw)_S` and :math:`X^\\top` of the batch residual scattered to length
 ``n``), which costs about two passes over the matrix and no synchronisation
@@ -63,6 +66,24 @@ class _Structure:
         self.indptrT, self.indicesT = up(hostT.indptr), up(hostT.indices)
         self.row_nnz = up(row_nnz)
         self.row_start = up(host.indptr[:-1])
+        # rows of nearly equal length (most LIBSVM sets): the padded (n, k_max) block is
+        # stored, and a batch is two row gathers from it
+        self.ell = self.shape[0] * self.kmax <= 2 * self.nnz
+        self.ell_cols = up(host.indices[_padded_positions(host)[0]]) if self.ell else None
+
+
+def _padded_positions(host: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in ``data`` of the ``(n, k_max)`` padded block, and which slots are real.
+
+    A padding slot points at its row's first entry (an empty row's start is
+    clamped into the array), so that it multiplies a zero by an entry of ``x``
+    that the row uses anyway.
+    """
+    start = host.indptr[:-1, None].astype(np.int64)
+    k = np.arange(max(int(np.diff(host.indptr).max()), 1))
+    valid = k[None, :] < np.diff(host.indptr)[:, None]
+    pos = np.minimum(np.where(valid, start + k[None, :], start), host.nnz - 1)
+    return pos, valid
 
 
 class DeviceCSR:
@@ -83,6 +104,9 @@ class DeviceCSR:
             self.cdtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
             np_dt = np.float64 if self.cdtype == torch.float64 else np.float32
             self.data = torch.as_tensor(host.data.astype(np_dt), device=st.device)
+            self.ell_vals = (
+                torch.as_tensor(_padded_values(host, np_dt), device=st.device) if st.ell else None
+            )
             dataT = torch.as_tensor(hostT.data.astype(np_dt), device=st.device)
             with warnings.catch_warnings():
                 # torch says once per process that sparse CSR support is in beta
@@ -102,6 +126,7 @@ class DeviceCSR:
             self.cdtype = np.dtype(np.float32) if half else self.dtype
             with st.device:
                 self.data = cupy.asarray(host.data.astype(self.cdtype))
+                self.ell_vals = cupy.asarray(_padded_values(host, self.cdtype)) if st.ell else None
                 dataT = cupy.asarray(hostT.data.astype(self.cdtype))
                 self.X = csp.csr_matrix((self.data, st.indices, st.indptr), shape=(n, d))
                 self.XT = csp.csr_matrix((dataT, st.indicesT, st.indptrT), shape=(d, n))
@@ -133,6 +158,11 @@ class DeviceCSR:
         if m * self.st.kmax > self.st.nnz:
             return _SelectedRows(self, idx)
         return _GatheredRows(self, idx)
+
+
+def _padded_values(host: sp.csr_matrix, dtype: Any) -> np.ndarray:
+    pos, valid = _padded_positions(host)
+    return np.where(valid, host.data[pos], 0.0).astype(dtype)
 
 
 def _take(lib: str, a: Any, idx: Any) -> Any:
@@ -180,6 +210,11 @@ class _GatheredRows:
     def __init__(self, M: DeviceCSR, idx: Any):
         st, lib = M.st, M.lib
         self.M = M
+        if M.ell_vals is not None:
+            self.cols = _take_rows(lib, st.ell_cols, idx)
+            self.vals = _take_rows(lib, M.ell_vals, idx)
+            self.flat_cols = self.cols.reshape(-1)
+            return
         start = _take(lib, st.row_start, idx)
         count = _take(lib, st.row_nnz, idx)
         pos = start[:, None] + st.arange_k[None, :]

@@ -74,11 +74,13 @@ class LogisticRegression(_SolvedNumerically, _RowSum):
     Parameters
     ----------
     X : array_like or scipy.sparse matrix, shape (n_samples, n_features)
-        NumPy array, SciPy sparse matrix (converted to CSR; evaluated on NumPy
-        inputs only), a dense PyTorch/CuPy/array-API array, or a dask array
-        chunked by rows, with dense or SciPy sparse chunks: it is never gathered
-        into memory, and the problem evaluates dask ``x`` lazily and NumPy ``x``
-        with one computation.
+        NumPy array, SciPy sparse matrix (converted to CSR; NumPy ``x`` is
+        evaluated with SciPy, torch ``x`` with a torch sparse CSR copy and CuPy
+        ``x`` with a ``cupyx.scipy.sparse`` copy, made once per device and dtype;
+        mini-batch rows are gathered on the device), a dense PyTorch/CuPy/array-API
+        array, or a dask array chunked by rows, with dense or SciPy sparse chunks:
+        it is never gathered into memory, and the problem evaluates dask ``x``
+        lazily and NumPy ``x`` with one computation.
     y : array_like, shape (n_samples,)
         Labels, any two values for binary, any values for softmax. With a dask
         ``X``, a dask ``y`` gives lazily encoded targets (the labels themselves

@@ -253,10 +253,11 @@ class LeastSquares(_SolvedNumerically, _RowSum):
     Parameters
     ----------
     X : array_like or scipy.sparse matrix, shape (n_samples, n_features)
-        Dense NumPy/PyTorch/array-API array or SciPy sparse matrix (then only
-        NumPy inputs ``x`` are accepted), or a dask array chunked by rows, with
-        dense or SciPy sparse chunks: it is never gathered into memory, and the
-        problem evaluates dask ``x`` lazily and NumPy ``x`` with one computation.
+        Dense NumPy/PyTorch/array-API array or SciPy sparse matrix (evaluated
+        for NumPy, torch and CuPy ``x``, as for :class:`LogisticRegression`), or a
+        dask array chunked by rows, with dense or SciPy sparse chunks: it is never
+        gathered into memory, and the problem evaluates dask ``x`` lazily and NumPy
+        ``x`` with one computation.
     y : array_like, shape (n_samples,)
         With a dask ``X``, a dask ``y`` is kept lazy too.
     l2 : float, default 0.0
