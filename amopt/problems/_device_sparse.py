@@ -89,9 +89,9 @@ def _padded_positions(host: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
 class DeviceCSR:
     """:math:`X` (CSR) in one dtype on one device, with the products the problems need.
 
-    ``compute_dtype`` is the dtype of the stored values: the evaluation dtype,
-    or float32 for half-precision evaluations (the sparse kernels have no
-    half-precision versions); products take and return the evaluation dtype.
+    ``cdtype`` is the dtype of the stored values: the evaluation dtype
+    ``dtype``, or float32 for half-precision evaluations (the sparse kernels
+    have no half-precision versions); products take and return ``dtype``.
     """
 
     def __init__(self, st: _Structure, host: sp.csr_matrix, hostT: sp.csr_matrix, dtype: Any):
