@@ -340,3 +340,21 @@ def test_hessian_given_to_a_first_order_method_is_reported():
             diag_f, x0, jac=diag_g, hessp=lambda x, p: DIAG_A @ p,
             method=amopt.scipy_method("gd"), options={"lr": 0.1},
         )  # fmt: skip
+
+
+def test_truncated_copy_in_the_experiments_data_folder_is_refused(tmp_path):
+    """The experiments read <data>/libsvm/mushrooms (the cache's own file) as a path: a
+    copy that lost its last rows is refused there too."""
+    from amopt.experiments._data import load_logreg_problem
+
+    X, y = load_libsvm("mushrooms")
+    folder = tmp_path / "libsvm"
+    folder.mkdir()
+    rows = []
+    for i in range(X.shape[0] - 100):
+        row = X.getrow(i)
+        feats = " ".join(f"{j + 1}:{v:g}" for j, v in zip(row.indices, row.data, strict=True))
+        rows.append(f"{y[i]:g} {feats}")
+    (folder / "mushrooms").write_text("\n".join(rows) + "\n")
+    with pytest.raises(ChecksumError, match=r"holds 8024 samples, but mushrooms has 8124"):
+        load_logreg_problem("mushrooms", tmp_path)
