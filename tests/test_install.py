@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import site
 import re
 import shutil
+import site
 import subprocess
 import sys
 import zipfile

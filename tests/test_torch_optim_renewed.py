@@ -130,6 +130,8 @@ CONFIGS = [
 def _first_beta(kwargs: dict) -> float:
     """beta_AM = 0 at step 0, then the variant (section 4): clip raises it to beta_min."""
     return 0.5 if kwargs.get("variant") == "clip" else 0.0
+
+
 IMPLS = ["single", "foreach", "fused"]
 
 
