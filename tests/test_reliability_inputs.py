@@ -114,6 +114,21 @@ def test_pair_of_registry_names_and_bad_arguments(tmp_path):
         ds.load_libsvm_files([good, bad])
 
 
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "libsvm"
+
+
+@pytest.mark.skipif(not (SHARED / "a9a.t").is_file(), reason=f"{SHARED} is absent")
+def test_real_train_test_pair_as_the_registry_reads_each():
+    """a9a / a9a.t (one-based; the test split does not use every feature) read together
+    give what each gives with the registry's width and base."""
+    Xa, ya, Xt, yt = ds.load_libsvm_files([SHARED / "a9a", SHARED / "a9a.t"], labels="binary")
+    for X, y, name in ((Xa, ya, "a9a"), (Xt, yt, "a9a.t")):
+        info = dataset_info(name)
+        ref_X, ref_y = load_libsvm(SHARED / name, n_features=123, zero_based=False)
+        assert X.shape == (info.n_samples, info.n_features)
+        assert (X != ref_X).nnz == 0 and np.array_equal(y, np.where(ref_y > 0, 1.0, -1.0))
+
+
 # --------------------------------------------------------------------------- integrity
 
 NO_HASH = "heart"  # registered, no SHA-256 in the registry
