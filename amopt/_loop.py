@@ -94,7 +94,12 @@ class _Layout:
 
     def __init__(self, x0: Any):
         _reject_masked(x0, "x0")
-        if isinstance(x0, list | tuple) and len(x0) > 0 and all(is_array(a) for a in x0):
+        # NumPy scalars are numbers here, as scipy reads them: [np.float64(1), ...] is a vector
+        if (
+            isinstance(x0, list | tuple)
+            and len(x0) > 0
+            and all(is_array(a) and not isinstance(a, np.generic) for a in x0)
+        ):
             self.container: type | None = type(x0)
             arrays = tuple(x0)
             for i, a in enumerate(arrays):

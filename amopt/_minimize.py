@@ -7,11 +7,13 @@ whose keyword arguments are the method's options) and share the loop of
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from scipy.optimize import OptimizeResult
 
+from amopt._config import check_nonnegative
 from amopt._finite_sum import FiniteSum
 from amopt._loop import STATUS_MESSAGES
 from amopt._methods import METHODS
@@ -73,7 +75,8 @@ def minimize(
         them does not change the run. Raising ``StopIteration`` stops the run
         (status 99).
     tol : float, optional
-        Shortcut for ``options["gtol"]``.
+        Shortcut for ``options["gtol"]`` (a ``gtol`` in ``options`` wins), as
+        ``scipy.optimize.minimize`` maps ``tol`` to its gradient methods' ``gtol``.
     options : dict, optional
         Method options: see ``show_options`` in each ``_minimize_<method>``
         docstring (``lr``, ``lam``, ``beta_max``, ``beta``, ``betas``, ``eps``,
@@ -113,9 +116,14 @@ def minimize(
             f"options must be a dict of method options or None; got {type(options).__name__}"
         )
     options = dict(options or {})
-    if tol is not None:
-        options.setdefault("gtol", tol)
+    _tol_to_gtol(tol, options)
     return meth(fun, x0, args, jac, callback, **options)
+
+
+def _tol_to_gtol(tol: Any, options: dict[str, Any]) -> None:
+    """``tol`` as the default of ``options["gtol"]`` (scipy's mapping for gradient methods)."""
+    if tol is not None:
+        options.setdefault("gtol", check_nonnegative("tol", tol))
 
 
 def scipy_method(name: str) -> Callable[..., OptimizeResult]:
@@ -129,9 +137,11 @@ def scipy_method(name: str) -> Callable[..., OptimizeResult]:
     Returns
     -------
     callable
-        ``f(fun, x0, args=(), jac=None, callback=None, **options)`` accepting and
-        ignoring scipy's extra keywords (``hess``, ``hessp``, ``bounds``,
-        ``constraints`` when empty).
+        ``f(fun, x0, args=(), jac=None, callback=None, **options)``. ``tol`` (which
+        scipy passes to a custom method among the options) is ``gtol``, as in
+        :func:`amopt.minimize`; ``hess`` and ``hessp`` are not used (a
+        ``RuntimeWarning``, as scipy's gradient methods give); ``bounds`` and
+        non-empty ``constraints`` are a ``ValueError``.
 
     Examples
     --------
@@ -161,6 +171,14 @@ def scipy_method(name: str) -> Callable[..., OptimizeResult]:
             raise ValueError(f"method {name!r} does not support bounds; got bounds={bounds!r}")
         if constraints not in (None, (), []):
             raise ValueError(f"method {name!r} does not support constraints")
+        for key, value in (("hess", hess), ("hessp", hessp)):
+            if value is not None:
+                warnings.warn(
+                    f"Method {name} does not use Hessian information ({key}).",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        _tol_to_gtol(options.pop("tol", None), options)
         cb = callback
         if callback is not None:
             # scipy wraps the user's callback to take an OptimizeResult and reads

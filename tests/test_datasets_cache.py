@@ -25,6 +25,8 @@ from amopt.datasets import (
 
 # A registered set without a checksum in the registry, and one with.
 NO_HASH = "heart"
+#: the registry's number of samples of NO_HASH: a file without a checksum must hold them
+ROWS = dataset_info(NO_HASH).n_samples
 BUNDLED_A1A = Path(amopt.datasets.__file__).parent / "data" / "a1a.bz2"
 
 
@@ -93,7 +95,7 @@ def _leftovers(directory: Path) -> list[str]:
 def test_download_without_registered_hash_records_one(mirror, tmp_path):
     base_url, root, handler = mirror
     assert dataset_info(NO_HASH).sha256 is None
-    data = _libsvm_text(40, 13)
+    data = _libsvm_text(ROWS, 13)
     _serve(root, NO_HASH, data)
     cache = tmp_path / "cache"
     path = fetch_libsvm(NO_HASH, cache_dir=cache, base_url=base_url)
@@ -101,14 +103,14 @@ def test_download_without_registered_hash_records_one(mirror, tmp_path):
     assert path.read_bytes() == data
     assert sidecar.read_text().split() == [_sha(data), path.name]
     X, y = load_libsvm(NO_HASH, cache_dir=cache, download=False)
-    assert X.shape == (40, 13) and len(y) == 40
+    assert X.shape == (ROWS, 13) and len(y) == ROWS
     assert handler.requests == ["/binary/heart_scale"]
     assert _leftovers(cache) == []
 
 
 def test_truncated_cache_file_is_downloaded_again(mirror, tmp_path):
     base_url, root, handler = mirror
-    data = _libsvm_text(40, 13)
+    data = _libsvm_text(ROWS, 13)
     _serve(root, NO_HASH, data)
     cache = tmp_path / "cache"
     path = fetch_libsvm(NO_HASH, cache_dir=cache, base_url=base_url)
@@ -118,7 +120,7 @@ def test_truncated_cache_file_is_downloaded_again(mirror, tmp_path):
         X, y = load_libsvm(NO_HASH, cache_dir=cache, base_url=base_url)
     msg = str(record[0].message)
     assert f"cached file {path} has sha256 {_sha(cut)}, expected {_sha(data)}" in msg
-    assert X.shape[0] == data.count(b"\n") == 40  # all rows, not the truncated copy's
+    assert X.shape[0] == data.count(b"\n") == ROWS  # all rows, not the truncated copy's
     assert path.read_bytes() == data
     assert path.with_name(path.name + ".corrupt").read_bytes() == cut  # kept, not deleted
     assert handler.requests == ["/binary/heart_scale"] * 2
@@ -126,7 +128,7 @@ def test_truncated_cache_file_is_downloaded_again(mirror, tmp_path):
 
 def test_truncated_cache_file_without_download_names_file_and_both_hashes(mirror, tmp_path):
     base_url, root, handler = mirror
-    data = _libsvm_text(30, 13)
+    data = _libsvm_text(ROWS, 13)
     _serve(root, NO_HASH, data)
     cache = tmp_path / "cache"
     path = fetch_libsvm(NO_HASH, cache_dir=cache, base_url=base_url)
@@ -157,7 +159,7 @@ def test_corrupt_file_with_registered_hash_is_replaced_by_a_verified_copy(mirror
 
 def test_failed_redownload_keeps_the_cache_and_reports_both_hashes(mirror, tmp_path):
     base_url, root, handler = mirror
-    data = _libsvm_text(20, 13)
+    data = _libsvm_text(ROWS, 13)
     _serve(root, NO_HASH, data)
     path = fetch_libsvm(NO_HASH, cache_dir=tmp_path, base_url=base_url)
     path.write_bytes(data[:50])

@@ -1,8 +1,9 @@
 """The installed package works on its own: no checkout, no ``../shared/data``, no git.
 
 A wheel is built from a copy of the sources, installed (without dependencies)
-into a fresh virtual environment that sees the system's packages (numpy, scipy,
-torch, ...), and the three commands of the README are run from an empty folder.
+into a fresh virtual environment that then sees the packages of the environment
+running the tests (numpy, scipy, torch, ...: the system's or a virtual
+environment's), and the three commands of the README are run from an empty folder.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import array_api_compat
 import pytest
 
 import amopt
@@ -31,6 +34,20 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
     )
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def _suite_site_dirs() -> list[str]:
+    """The site-packages folders of the interpreter running the tests, in import order.
+
+    A venv made with ``--system-site-packages`` sees the *base* interpreter's
+    packages, not those of a virtual environment the tests may run in; the
+    installed venv is given these folders instead (after its own).
+    """
+    dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user and user in sys.path and user not in dirs:
+        dirs.append(user)
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +74,34 @@ def installed(tmp_path_factory) -> dict:
     )  # fmt: skip
     (wheel,) = wheels.glob("amopt-*.whl")
     venv = tmp / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp, env)
+    _run([sys.executable, "-m", "venv", str(venv)], tmp, env)
     python = venv / "bin" / "python"
     _run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
          tmp, env)  # fmt: skip
+    # only now the suite's packages (after the install: pip would otherwise see the
+    # suite's own amopt, e.g. an editable install, as already installed); a .pth line
+    # is a folder appended to sys.path, its own .pth files (an editable finder) unread
+    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                   tmp, env).stdout.strip()  # fmt: skip
+    (Path(purelib) / "_amopt_test_suite_env.pth").write_text("\n".join(_suite_site_dirs()) + "\n")
     work = tmp / "work"
     work.mkdir()
     return {"python": str(python), "venv": venv, "wheel": wheel, "work": work, "env": env}
+
+
+@pytest.mark.slow
+def test_installed_venv_sees_the_suite_packages(installed):
+    """The dependencies come from the environment running the tests, amopt from the wheel."""
+    import numpy
+    import scipy
+
+    mods = {"numpy": numpy, "scipy": scipy, "array_api_compat": array_api_compat}
+    code = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__file__)"
+    for name, mod in mods.items():
+        out = _run([installed["python"], "-c", code, name], installed["work"], installed["env"])
+        assert Path(out.stdout.strip()) == Path(mod.__file__), name
+    out = _run([installed["python"], "-c", code, "amopt"], installed["work"], installed["env"])
+    assert Path(out.stdout.strip()).is_relative_to(installed["venv"])
 
 
 @pytest.mark.slow

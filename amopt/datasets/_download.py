@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import http.client
 import os
@@ -30,7 +32,9 @@ class DownloadError(OSError):
 
 
 class ChecksumError(OSError):
-    """A downloaded or cached file does not have the registered SHA-256."""
+    """A downloaded or cached file is not the registered one: its SHA-256 differs from the
+    registered (or recorded) one, or, where none is known, it does not hold the registry's
+    number of samples."""
 
 
 def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -87,6 +91,42 @@ def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
         for chunk in iter(lambda: fh.read(chunk_size), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def count_samples(path: str | os.PathLike[str]) -> int:
+    """The number of samples (non-blank, non-comment lines) of a LIBSVM file.
+
+    ``.bz2`` and ``.gz`` files (recognised by their first bytes) are read decompressed.
+    A file that cannot be decompressed to its end (cut short) raises ``OSError`` or
+    ``EOFError``.
+    """
+    with open(path, "rb") as raw:
+        magic = raw.read(3)
+    opener: Any = open
+    if magic == b"BZh":
+        opener = bz2.open
+    elif magic[:2] == b"\x1f\x8b":
+        opener = gzip.open
+    n = 0
+    with opener(path, "rb") as fh:
+        for line in fh:
+            if line.split(b"#", 1)[0].strip():
+                n += 1
+    return n
+
+
+def _rows_problem(path: Path, name: str, expected_rows: int) -> str | None:
+    """Why ``path`` is not the registered file ``name`` by its number of samples, or None."""
+    try:
+        rows = count_samples(path)
+    except (OSError, EOFError, ValueError) as exc:  # a compressed file cut short
+        return f"{path} cannot be read to its end ({exc}): it is truncated or corrupted"
+    if rows != expected_rows:
+        return (
+            f"{path} holds {rows} samples, but the registry says {name!r} has "
+            f"{expected_rows}: it is truncated or corrupted"
+        )
+    return None
 
 
 def _manual_hint(url: str, dest: Path) -> str:
@@ -268,9 +308,13 @@ def fetch_libsvm(
     A cached file whose SHA-256 does not match (a truncated copy, a flipped
     bit) is never loaded: with ``download=True`` a fresh copy is downloaded
     and verified, the bad file is kept as ``<file name>.corrupt`` and a
-    warning names both hashes; otherwise :class:`ChecksumError` is raised. A
-    file placed by hand for a data set without a registered checksum cannot be
-    verified and is used as it is.
+    warning names both hashes; otherwise :class:`ChecksumError` is raised.
+    Where no SHA-256 is known (a data set without a registered checksum whose
+    file was placed by hand, or downloaded without ``verify``), the file must
+    hold the registry's number of samples (``n_samples``), else it is treated
+    as a corrupted one; a file that does is then recorded as a download is. A
+    download with no checksum to check is counted the same way before its
+    SHA-256 is recorded.
 
     Parameters
     ----------
@@ -324,19 +368,28 @@ def fetch_libsvm(
     if expected is None:
         expected = _read_sidecar(dest)
         expected_from = (
-            f"recorded in {_sidecar(dest)} at its first download; delete that file to accept "
-            "a new version of the data"
+            f"recorded in {_sidecar(dest)} when it was first downloaded or checked; delete "
+            "that file to accept a new version of the data"
         )
     if dest.exists():
-        if not verify or expected is None:
+        if not verify:
             return dest
-        digest = sha256_file(dest)
-        if digest == expected:
-            return dest
-        problem = (
-            f"cached file {dest} has sha256 {digest}, expected {expected} ({expected_from}) "
-            f"for {name!r}: it is truncated or corrupted"
-        )
+        if expected is None:
+            # no checksum was ever recorded (a file placed by hand): what the registry
+            # knows of the file, its number of samples, must hold; then its hash is recorded
+            problem = _rows_problem(dest, name, info.n_samples)
+            if problem is None:
+                _record(dest, sha256_file(dest))
+                return dest
+            problem = f"cached file {problem} (no SHA-256 was recorded for it)"
+        else:
+            digest = sha256_file(dest)
+            if digest == expected:
+                return dest
+            problem = (
+                f"cached file {dest} has sha256 {digest}, expected {expected} ({expected_from}) "
+                f"for {name!r}: it is truncated or corrupted"
+            )
         if not download:
             raise ChecksumError(
                 f"{problem}; delete it (or pass download=True) to download it again from "
@@ -348,12 +401,18 @@ def fetch_libsvm(
         except OSError as exc:
             raise _unwritable(dest.parent, exc, cache_dir) from exc
         try:
-            _download_digest(url, dest, expected, float(timeout), expected_from, cache_dir)
+            digest = _download_digest(
+                url, dest, expected, float(timeout), expected_from, cache_dir
+            )
+            if expected is None:
+                _verify_rows(dest, name, info.n_samples, url, digest)
         except OSError as exc:
             os.replace(aside, dest)  # leave the cache as it was
             if isinstance(exc, DownloadError | ChecksumError):
                 raise ChecksumError(f"{problem}, and downloading it again failed: {exc}") from exc
             raise
+        if expected is None:
+            _record(dest, digest)
         warnings.warn(
             f"{problem}; it was moved to {aside} and a verified copy downloaded from {url}",
             UserWarning,
@@ -367,9 +426,32 @@ def fetch_libsvm(
     digest = _download_digest(
         url, dest, expected if verify else None, float(timeout), expected_from, cache_dir
     )
+    if verify and expected is None:
+        _verify_rows(dest, name, info.n_samples, url, digest)
     if info.sha256 is None:
         try:
             _write_atomic(_sidecar(dest), f"{digest}  {dest.name}\n".encode("ascii"))
         except OSError as exc:
             raise _unwritable(dest.parent, exc, cache_dir) from exc
     return dest
+
+
+def _verify_rows(dest: Path, name: str, n_samples: int, url: str, digest: str) -> None:
+    """A download with no checksum to check must hold the registry's number of samples;
+    one that does not is deleted (before its hash could be recorded)."""
+    problem = _rows_problem(dest, name, n_samples)
+    if problem is not None:
+        dest.unlink()
+        raise ChecksumError(
+            f"the file downloaded from {url} (sha256 {digest}) is not the registered one: "
+            f"{problem}; the download was deleted. Retry, or {_manual_hint(url, dest)}"
+        )
+
+
+def _record(dest: Path, digest: str) -> None:
+    """Record ``digest`` for ``dest`` where none is; a cache that cannot be written keeps
+    none (the samples are then counted again at the next use)."""
+    try:
+        _write_atomic(_sidecar(dest), f"{digest}  {dest.name}\n".encode("ascii"))
+    except OSError:
+        pass

@@ -7,15 +7,22 @@ import gzip
 import importlib.resources
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from ._download import fetch_libsvm
+from ._download import ChecksumError, fetch_libsvm
 from ._registry import _REGISTRY, dataset_info
 
-__all__ = ["LABEL_CONVENTIONS", "binary_labels", "class_indices", "load_libsvm"]
+__all__ = [
+    "LABEL_CONVENTIONS",
+    "binary_labels",
+    "class_indices",
+    "load_libsvm",
+    "load_libsvm_files",
+]
 
 LabelMode = Literal["raw", "binary", "index"]
 
@@ -354,7 +361,9 @@ def load_libsvm(
     zero_based : bool or "auto", default "auto"
         Whether indices start at 0. ``"auto"`` means: the registry's
         convention for names, scikit-learn's detection for paths (zero-based
-        iff some index 0 occurs).
+        iff some index 0 occurs). A split that happens not to use index 0 is
+        then read as one-based: read files that belong together (a train/test
+        pair) with :func:`load_libsvm_files`, which decides once for all.
     labels : {"raw", "binary", "index"}, default "raw"
         ``"raw"``: labels as in the file; ``"binary"``: mapped to ``±1`` by
         :func:`binary_labels`; ``"index"``: class indices ``0..K-1`` (int64)
@@ -387,7 +396,9 @@ def load_libsvm(
         message names the file and, where the problem is on one line, the
         line number and its content.
     DownloadError, ChecksumError
-        See :func:`fetch_libsvm`.
+        See :func:`fetch_libsvm`. Also ``ChecksumError`` when a registry name's
+        file does not hold the registry's number of samples (unless
+        ``verify=False``).
 
     Examples
     --------
@@ -396,8 +407,114 @@ def load_libsvm(
     >>> X.shape, sorted(set(y.tolist()))
     ((8124, 112), [-1.0, 1.0])
     """
+    return _load(
+        [path_or_name],
+        n_features=n_features,
+        zero_based=zero_based,
+        labels=labels,
+        label_convention=label_convention,
+        dtype=dtype,
+        cache_dir=cache_dir,
+        base_url=base_url,
+        download=download,
+        verify=verify,
+    )[0]
+
+
+def load_libsvm_files(
+    paths_or_names: Sequence[str | os.PathLike[str]],
+    *,
+    n_features: int | None = None,
+    zero_based: bool | Literal["auto"] = "auto",
+    labels: LabelMode = "raw",
+    label_convention: str | None = None,
+    dtype: Any = np.float64,
+    cache_dir: str | os.PathLike[str] | None = None,
+    base_url: str | None = None,
+    download: bool = True,
+    verify: bool = True,
+) -> list[Any]:
+    """Load LIBSVM files that belong together (a train/test pair) with one set of decisions.
+
+    As :func:`sklearn.datasets.load_svmlight_files`: every file gets the same
+    number of columns, and ``zero_based="auto"`` is decided once for all of
+    them, so that a split whose indices happen not to include 0 is not read
+    with its columns shifted against the other. The labels are mapped with one
+    decision too: ``labels="index"`` numbers the classes of all files together
+    (a split missing a class keeps the others' indices) and ``labels="binary"``
+    without a convention takes the larger label over all files as ``+1``.
+
+    Parameters
+    ----------
+    paths_or_names : sequence of str or path-like
+        File paths or registry names, as for :func:`load_libsvm`.
+    n_features : int, optional
+        Number of columns of every matrix. Defaults to the largest registry
+        count among the names, else to the largest index over all files.
+    zero_based : bool or "auto", default "auto"
+        ``"auto"``: the registry's convention where a name is given (the
+        names must agree), else zero-based iff index 0 occurs in some file.
+    labels, label_convention, dtype, cache_dir, base_url, download, verify
+        As for :func:`load_libsvm`; a ``label_convention`` applies to every
+        file, else each name's registry convention to its file.
+
+    Returns
+    -------
+    list
+        ``[X_1, y_1, X_2, y_2, ...]``: a CSR matrix and a label vector per file,
+        in the order given (the form of ``load_svmlight_files``).
+
+    Raises
+    ------
+    ValueError
+        As :func:`load_libsvm`, naming the file; also when the registry names
+        given disagree on the index base.
+
+    Examples
+    --------
+    >>> from amopt.datasets import load_libsvm_files
+    >>> X1, y1, X2, y2 = load_libsvm_files(["a1a", "mushrooms"], n_features=123)
+    >>> X1.shape, X2.shape
+    ((1605, 123), (8124, 123))
+    """
+    if isinstance(paths_or_names, str | os.PathLike) or not isinstance(paths_or_names, Sequence):
+        raise TypeError(
+            "paths_or_names must be a list or tuple of paths or registry names, got "
+            f"{type(paths_or_names).__name__} (use load_libsvm for one file)"
+        )
+    if len(paths_or_names) == 0:
+        raise ValueError("paths_or_names must name at least one file, got an empty sequence")
+    pairs = _load(
+        list(paths_or_names),
+        n_features=n_features,
+        zero_based=zero_based,
+        labels=labels,
+        label_convention=label_convention,
+        dtype=dtype,
+        cache_dir=cache_dir,
+        base_url=base_url,
+        download=download,
+        verify=verify,
+    )
+    return [a for pair in pairs for a in pair]
+
+
+def _load(
+    paths_or_names: list,
+    *,
+    n_features: Any,
+    zero_based: Any,
+    labels: Any,
+    label_convention: Any,
+    dtype: Any,
+    cache_dir: Any,
+    base_url: Any,
+    download: bool,
+    verify: bool,
+) -> list[tuple[Any, np.ndarray]]:
+    """The files read with one index base, one width and one label mapping."""
     try:
-        from sklearn.datasets import load_svmlight_file
+        from sklearn.datasets import load_svmlight_files
     except ImportError as exc:
         raise ImportError(
             "amopt.datasets.load_libsvm needs scikit-learn to parse LIBSVM files; install it "
@@ -424,42 +541,84 @@ def load_libsvm(
         float_dtype = False
     if not float_dtype:
         raise ValueError(f"dtype must be a floating dtype such as numpy.float64, got {dtype!r}")
-    convention = _label_convention(path_or_name, label_convention)
+    conventions = [_label_convention(f, label_convention) for f in paths_or_names]
 
-    path, info = _resolve(path_or_name, cache_dir, base_url, download, verify)
-    if info is not None:
+    resolved = [_resolve(f, cache_dir, base_url, download, verify) for f in paths_or_names]
+    paths = [path for path, _ in resolved]
+    infos = [info for _, info in resolved if info is not None]
+    if infos:
         if n_features is None:
-            n_features = info.n_features
+            n_features = max(info.n_features for info in infos)
         if zero_based == "auto":
-            zero_based = info.zero_based
+            bases = {info.zero_based for info in infos}
+            if len(bases) > 1:
+                names = ", ".join(f"{i.name!r} (zero_based={i.zero_based})" for i in infos)
+                raise ValueError(
+                    f"the registry entries read together disagree on the index base: {names}; "
+                    "pass zero_based=True or False"
+                )
+            zero_based = bases.pop()
     try:
-        X, y = load_svmlight_file(
-            str(path),
+        parsed = load_svmlight_files(
+            [str(path) for path in paths],
             n_features=None if n_features is None else int(n_features),
             zero_based=zero_based,
             dtype=dtype,
         )
     except (ValueError, OverflowError, OSError, EOFError) as exc:
-        detail = _locate_error(path, zero_based, n_features)
-        where = f"{path}: {detail}" if detail else f"{path}"
+        where = str(paths[0]) if len(paths) == 1 else "among " + ", ".join(map(str, paths))
+        for path in paths:  # the first file with a line at fault, if one can be pointed at
+            detail = _locate_error(path, zero_based, n_features)
+            if detail is not None:
+                where = f"{path}: {detail}"
+                break
         raise ValueError(f"malformed LIBSVM file {where} (scikit-learn: {exc})") from exc
-    if X.shape[0] == 0:
-        raise ValueError(
-            f"LIBSVM file {path} contains no samples (it is empty, or holds only blank lines "
-            "and comments)"
-        )
-    if not (np.all(np.isfinite(X.data)) and np.all(np.isfinite(y))):
-        detail = _locate_error(path, zero_based, n_features)
-        if detail is None:  # a value that only overflows in a narrow dtype such as float32
-            detail = f"a value does not fit in {np.dtype(dtype).name}"
-        raise ValueError(f"malformed LIBSVM file {path}: {detail}")
-    X = X.tocsr()
-    X.sort_indices()
+    pairs = []
+    for k, (path, info) in enumerate(resolved):
+        X, y = parsed[2 * k], parsed[2 * k + 1]
+        if X.shape[0] == 0:
+            raise ValueError(
+                f"LIBSVM file {path} contains no samples (it is empty, or holds only blank "
+                "lines and comments)"
+            )
+        if not (np.all(np.isfinite(X.data)) and np.all(np.isfinite(y))):
+            detail = _locate_error(path, zero_based, n_features)
+            if detail is None:  # a value that only overflows in a narrow dtype such as float32
+                detail = f"a value does not fit in {np.dtype(dtype).name}"
+            raise ValueError(f"malformed LIBSVM file {path}: {detail}")
+        if verify and info is not None and X.shape[0] != info.n_samples:
+            raise ChecksumError(
+                f"{path} holds {X.shape[0]} samples, but the registry says {info.name!r} has "
+                f"{info.n_samples}: it is truncated or corrupted; delete it to download it "
+                "again, or pass verify=False to use it anyway"
+            )
+        X = X.tocsr()
+        X.sort_indices()
+        pairs.append((X, y))
+    ys = [y for _, y in pairs]
     if labels == "binary":
-        try:
-            y = binary_labels(y, convention=convention)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+        positive = None
+        if all(c is None for c in conventions):
+            union = np.unique(np.concatenate(ys))
+            if union.size == 2:  # the larger label of all files is +1 in every file
+                positive = union[-1]
+            elif union.size > 2 and len(ys) > 1:
+                shown = ", ".join(str(c) for c in union[:6]) + (", ..." if union.size > 6 else "")
+                raise ValueError(
+                    f"binary labels need at most 2 distinct values over the files read "
+                    f"together, got {union.size} ({shown}); pass label_convention, or use "
+                    "labels='index' for multiclass data"
+                )
+        mapped = []
+        for (path, _), y, conv in zip(resolved, ys, conventions, strict=True):
+            try:
+                mapped.append(
+                    binary_labels(y, convention=conv, positive=None if conv else positive)
+                )
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+        ys = mapped
     elif labels == "index":
-        y = class_indices(y)[0]
-    return X, y
+        classes = class_indices(np.concatenate(ys))[1]
+        ys = [np.searchsorted(classes, y).astype(np.int64) for y in ys]
+    return [(X, y) for (X, _), y in zip(pairs, ys, strict=True)]

@@ -86,6 +86,16 @@ LIBSVM_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "ijcnn1": ("libsvm/ijcnn1.trn.bz2", {"n_features": 22}),
     "madelon": ("libsvm/derived/madelon", {"n_features": 500}),
 }
+#: The samples each file of LIBSVM_SETS holds (the LIBSVM pages' counts; phishing's
+#: variant is the 70% part of a split): a copy that holds fewer is truncated.
+_LIBSVM_SAMPLES = {
+    "a9a": 32561,
+    "w8a": 49749,
+    "mushrooms": 8124,
+    "phishing": 7738,
+    "ijcnn1": 49990,
+    "madelon": 2000,
+}
 
 
 def data_folder(data_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -327,13 +337,19 @@ def load_logreg_problem(
         If the set is in neither place and cannot be downloaded, or a path does
         not exist; the message says where to put the file.
     """
-    from amopt.datasets import dataset_info, load_libsvm
+    from amopt.datasets import ChecksumError, dataset_info, load_libsvm
     from amopt.problems import LogisticRegression
 
     folder = data_folder(data_dir)
     if spec in LIBSVM_SETS and (folder / LIBSVM_SETS[spec][0]).is_file():
         rel, kwargs = LIBSVM_SETS[spec]
         X, y = load_libsvm(folder / rel, **kwargs)
+        if X.shape[0] != _LIBSVM_SAMPLES[spec]:
+            raise ChecksumError(
+                f"{folder / rel} holds {X.shape[0]} samples, but {spec} has "
+                f"{_LIBSVM_SAMPLES[spec]}: it is truncated or corrupted; replace it with a "
+                "whole copy"
+            )
         return spec, LogisticRegression(X, y), str(folder / rel)
     path = Path(spec).expanduser()
     if spec not in LIBSVM_SETS and path.is_file():

@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
-from amopt._config import AMConfig, check_bool, check_choice, check_interval
+from amopt._config import AMConfig, check_bool, check_choice
 from amopt.torch import _distributed, _fused, _fused_ops
 from amopt.torch._common import (
     AdamHyper,
@@ -24,6 +24,7 @@ from amopt.torch._common import (
     as_float,
     as_real,
     bias_correction_roots,
+    check_beta,
     check_capturable,
     check_fused_device,
     check_group_flags,
@@ -380,7 +381,7 @@ class AMAdamW(AMOptimizerBase):
                 _distributed.join_empty(self, group)
                 continue
             beta1, beta2 = (as_float(b) for b in group["betas"])
-            check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)  # schedulers write it
+            check_beta("betas[0]", beta1)  # schedulers write it
             path = self._path(group, params, grads)
             betas, new_prods = am_adamw(
                 params,

@@ -33,6 +33,7 @@ from amopt.torch._common import (
     rule_config,
     scope_sums,
     sqsum,
+    torch_worded,
     total,
     triton_module,
     unscale,
@@ -42,6 +43,9 @@ from amopt.torch._common import (
 from amopt.torch._fused import warn_fallback
 
 __all__ = ["AMSGD", "amsgd"]
+
+#: The default cap; ``beta_max is _CAP`` tells an omitted ``beta_max`` from a given one.
+_CAP = 0.9
 
 _DEFAULTS: dict[str, Any] = {
     "lam": 0.1,
@@ -149,6 +153,10 @@ class AMSGD(AMOptimizerBase):
         for float32/float64 on the CPU, the Triton kernels on CUDA, foreach
         otherwise; where those kernels cannot run, the foreach implementation
         with one ``FusedFallbackWarning`` per optimizer saying why.
+    momentum : float, optional
+        Another name of ``beta_max`` (the name ``torch.optim.SGD`` and torch's
+        schedulers use): the cap of the adaptive beta, not a fixed coefficient.
+        Giving both with different values is a ``ValueError``.
     process_group : ProcessGroup, optional
         The ranks that together hold the parameters of a ``per_layer=False`` group
         of plain tensors, each rank a partition (found automatically inside
@@ -214,7 +222,7 @@ class AMSGD(AMOptimizerBase):
         params: ParamsT,
         lr: float | Tensor = 1e-3,
         lam: float = 0.1,
-        beta_max: float = 0.9,
+        beta_max: float = _CAP,
         weight_decay: float = 0.0,
         per_layer: bool = False,
         variant: str | None = None,
@@ -227,7 +235,15 @@ class AMSGD(AMOptimizerBase):
         foreach: bool | None = None,
         fused: bool | None = None,
         process_group: Any = None,
+        momentum: float | None = None,
     ) -> None:
+        if momentum is not None:
+            if beta_max is not _CAP and beta_max != momentum:
+                raise ValueError(
+                    f"beta_max and its alias momentum were both given, with different values "
+                    f"(beta_max={beta_max!r}, momentum={momentum!r}); give one of them"
+                )
+            beta_max = torch_worded(check_interval, "momentum", momentum, 0.0, 1.0)
         defaults: dict[str, Any] = {
             "lr": lr,
             "lam": lam,
@@ -259,6 +275,8 @@ class AMSGD(AMOptimizerBase):
                 "param group sets both 'beta_max' and its alias 'momentum' to different "
                 f"values ({param_group['beta_max']!r} and {param_group['momentum']!r})"
             )
+        if has_alias and not has_cap:
+            torch_worded(check_interval, "momentum", param_group["momentum"], 0.0, 1.0)
         if has_cap or has_alias:
             cap = param_group["beta_max"] if has_cap else param_group["momentum"]
             param_group["beta_max"] = param_group["momentum"] = cap

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from typing import Any, NamedTuple
 
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from amopt._config import AMConfig, check_betas, check_bool, check_nonnegative
+from amopt._config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
 
 __all__: list[str] = []
 
@@ -39,6 +39,35 @@ _NO_TENSOR_CAPTURABLE = (
 
 
 # --------------------------------------------------------------------------- validation
+
+#: ``torch.optim``'s words for the checks it makes too (those of ``Adam``, ``AdamW`` and
+#: ``SGD``): a message starts with them, so that code and tests written against torch's
+#: errors match, and goes on with what is allowed.
+TORCH_WORDS = {
+    "lr": "Invalid learning rate",
+    "eps": "Invalid epsilon value",
+    "weight_decay": "Invalid weight_decay value",
+    "momentum": "Invalid momentum value",
+    "betas[0]": "Invalid beta parameter at index 0",
+    "betas[1]": "Invalid beta parameter at index 1",
+}
+
+
+def torch_worded(
+    check: Callable[..., Any], name: str, value: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """``check(name, value, ...)``, its ``ValueError`` opened with torch's words for ``name``.
+
+    >>> from amopt._config import check_nonnegative
+    >>> torch_worded(check_nonnegative, "lr", -0.01)
+    Traceback (most recent call last):
+    ...
+    ValueError: Invalid learning rate: -0.01; lr must be a finite number >= 0; got lr=-0.01
+    """
+    try:
+        return check(name, value, *args, **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{TORCH_WORDS[name]}: {value}; {exc}") from None
 
 
 def as_float(value: Any) -> Any:
@@ -78,8 +107,8 @@ def check_lr(value: Any, *, foreach: bool | None = None, capturable: bool = Fals
                 f"({_NO_CAPTURABLE}); got lr={value!r}, foreach=True; pass a float lr or "
                 "leave foreach unset"
             )
-        return check_nonnegative("lr", value.item())
-    return check_nonnegative("lr", value)
+        return torch_worded(check_nonnegative, "lr", value.item())
+    return torch_worded(check_nonnegative, "lr", value)
 
 
 def check_tensor_betas(
@@ -115,7 +144,12 @@ def check_tensor_betas(
                     f"foreach=True ({_NO_CAPTURABLE}); got betas={value!r}, foreach=True"
                 )
         b1, b2 = b1.item(), b2.item()
-    return check_betas("betas", (b1, b2))
+    return check_beta("betas[0]", b1), check_beta("betas[1]", b2)
+
+
+def check_beta(name: str, value: Any) -> float:
+    """``betas[0]`` or ``betas[1]``: a number in ``[0, 1)``, in torch's words when it is not."""
+    return torch_worded(check_interval, name, value, 0.0, 1.0, hi_open=True)
 
 
 def store_betas(value: Any) -> Any:
@@ -128,7 +162,10 @@ def store_betas(value: Any) -> Any:
 def check_group_flags(group: dict[str, Any], nonnegative: Sequence[str] = ()) -> None:
     """The hyper-parameters every AM param group has besides its rule's configuration."""
     for key in nonnegative:
-        check_nonnegative(key, group[key])
+        if key in TORCH_WORDS:
+            torch_worded(check_nonnegative, key, group[key])
+        else:
+            check_nonnegative(key, group[key])
     check_bool("maximize", group["maximize"])
     check_bool("foreach", group["foreach"], allow_none=True)
     check_bool("fused", group["fused"], allow_none=True)

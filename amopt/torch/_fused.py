@@ -937,7 +937,12 @@ def fused_amsgd(
     if isinstance(steps, str):
         return steps
 
-    first = (ctypes.c_uint8 * n)(*[b is None for b in bufs])
+    # step 0 (docs/algorithms.md, section 2): d = g, written by the kernels from the g they
+    # form, also over a buffer made before the step (AMSGD makes d = g + wd x in torch,
+    # whose rounding of g + wd x the kernels' need not share: v = d - g would not be 0)
+    first = (ctypes.c_uint8 * n)(
+        *[b is None or not s.item() for b, s in zip(bufs, state_steps, strict=True)]
+    )
     for k, b in enumerate(bufs):
         if b is None:  # step 0: the kernels write d = g into the new buffer
             buf = torch.empty_like(grads[k], memory_format=torch.contiguous_format)
