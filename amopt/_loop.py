@@ -477,7 +477,7 @@ class _DeviceSampler:
                 host = s.rng.permutation(s.n)
             self.block, self.keep = to_device(self.xp, host, self.like)
             self.pos, self.size = 0, host.size
-        idx = self.block[self.pos : self.pos + s.batch_size]
+        idx = self.block[self.pos : min(self.pos + s.batch_size, self.size)]
         self.pos += s.batch_size
         self.left -= 1
         return idx
@@ -752,15 +752,25 @@ class _Reads:
         return gs if wd == 0 else tuple(g + wd * x for g, x in zip(gs, arrays, strict=True))
 
     def point(
-        self, xs: tuple | None, f: Any, g_c: tuple, sums: list, x_only: bool = False
+        self,
+        xs: tuple | None,
+        f: Any,
+        g_c: tuple,
+        sums: list,
+        x_only: bool = False,
+        at: tuple | None = None,
     ) -> dict:
-        """Read ``max|xs|`` (unless None), ``f``, ``max|g_c|``, ``|xs|^2`` and ``sums``."""
+        """Read ``max|xs|`` (unless None), ``f``, ``max|g_c|``, ``|at|^2`` and ``sums``.
+
+        ``at`` is the point of ``f`` (default ``xs``), whose squared norm is read when
+        the method's f includes the decay.
+        """
         xp = self.xp
         groups = {
             "x": [] if xs is None else _max_abs_parts(xp, xs),
             "f": [] if x_only else [f],
             "g": [] if x_only else _max_abs_parts(xp, g_c),
-            "sq": _sq_parts(xp, xs) if self.sq and not x_only else [],
+            "sq": _sq_parts(xp, xs if at is None else at) if self.sq and not x_only else [],
             "sums": sums,
         }
         values = iter(read(xp, [v for part in groups.values() for v in part]))
@@ -871,7 +881,8 @@ def _run_device(
             break
         f_b, g_b = obj.batch(xs, sampler())
         g_step = reads.coupled(xs, g_b)
-        got = reads.point(None if unchecked is None else xs, f_b, g_step, prepare(xs, g_step))
+        check = None if unchecked is None else xs
+        got = reads.point(check, f_b, g_step, prepare(xs, g_step), at=xs)
         if unchecked is not None:
             if not math.isfinite(got["x"]):
                 xs, nit = unchecked, nit - 1
