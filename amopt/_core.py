@@ -814,33 +814,60 @@ def am_adam_sums(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     config: AMConfig,
-) -> tuple[Any, Any]:
+) -> tuple[Any, list[Array]]:
     """The device half of :func:`am_adam_step` before the rule, for a state whose
     ``beta1_prod`` are host numbers (:func:`am_adam_host_init`).
 
-    Returns ``(pending, sums)``: the moments and preconditioners
-    :func:`am_adam_apply` needs again, and the stacked :data:`amopt._rule.ADAM_SUMS`
-    of every scope (a list of rows when scopes differ in dtype).
+    Returns ``(pending, sums)``: what :func:`am_adam_apply` needs again, and, per
+    array, the sums of the numerator's terms of nonzero weight
+    (:data:`amopt._rule.ADAM_TERMS` or :data:`amopt._rule.ADAM_EXACT_TERMS`), of
+    ``w (d-g)^2``, ``w d^2`` and ``w g^2``, each one ``matmul`` of two flattened arrays
+    in the accumulation dtype; :func:`am_adam_apply` weighs and adds them into the
+    rule's :data:`amopt._rule.ADAM_SUMS` on the host.
     """
     xs0, _ = as_tuple(params)
     gs, _ = as_tuple(grads)
     xp = array_namespace(*xs0, *gs)
     xs, gs = _widen(xp, xs0, xs0), _widen(xp, gs, xs0)
     ds, vs = _widen(xp, state.exp_avg, xs0), _widen(xp, state.exp_avg_sq, xs0)
-    beta2 = betas[1]
+    beta2, lam = betas[1], config.lam
     t = state.step + 1
-    scope_list = scopes(len(xs), config.per_layer)
     exact = _exact(config.numerator, state.f_prev)
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=weight_decay, exact=exact)
     vs = tuple(beta2 * v + (1.0 - beta2) * (g * g) for v, g in zip(vs, gs, strict=True))
     bias2 = 1.0 - beta2**t
-    ps: list[Array] = [None] * len(xs)  # type: ignore[list-item]
-    for scope in scope_list:
+    n = len(xs)
+    ps, lps, denoms, diffs = [None] * n, [None] * n, [None] * n, [None] * n
+    sums: list[Array] = []
+    for scope in scopes(n, config.per_layer):
         c = _rule.adam_correction(state.beta1_prod[scope[0]], config)
         for i in scope:
-            ps[i] = _host_scalar(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
-    weights = _rule.adam_weights(config, lr=lr, weight_decay=weight_decay, exact=exact)
-    sums = adam_sums(xp, gs, ds, xs, ps, scope_list, lam=config.lam, weights=weights, exact=exact)
-    return (xs0, xs, gs, ds, vs, tuple(ps), exact), sums
+            p = _host_scalar(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
+            lp = lam * p
+            denom = 1.0 + lp
+            ps[i], lps[i], denoms[i] = p, lp, denom
+            acc = acc_dtype(xp, [gs[i]])
+            g, d, x = (_flat(xp, cast(xp, a, acc)) for a in (gs[i], ds[i], xs[i]))
+            p_a, denom_a = (_flat(xp, cast(xp, a, acc)) for a in (p, denom))
+            u = 1.0 / denom_a
+            w = u / p_a
+            v = d - g
+            if acc == gs[i].dtype:
+                diffs[i] = xp.reshape(v, gs[i].shape)  # the apply's d - g, the same values
+            wv = w * v
+            if exact:
+                uv = u * v
+                terms = [(wv, g), (uv, d), (x, v)]
+            else:
+                q = g / p_a
+                uv = u * v if weights[1] != 0 else None
+                terms = [(q, g), (uv, v), (q, d), (g, x), (d, x)]
+            sums += [
+                xp.matmul(a, b) for (a, b), a_k in zip(terms, weights, strict=True) if a_k != 0
+            ]
+            sums += [xp.matmul(wv, v), xp.matmul(w * d, d), xp.matmul(w * g, g)]
+    pending = (xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights)
+    return pending, sums
 
 
 def am_adam_apply(
@@ -855,22 +882,39 @@ def am_adam_apply(
     config: AMConfig,
 ) -> tuple[Any, AMAdamState, Any]:
     """The rest of :func:`am_adam_step`: the rule on the host ``sums``, then the apply."""
-    xs0, xs, gs, ds, vs, ps, exact = pending
-    single = False
+    xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights = pending
     xp = array_namespace(*xs, *gs)
-    wd, lam = weight_decay, config.lam
+    wd = weight_decay
+    scope_list = scopes(len(xs), config.per_layer)
+    # the rule's N, D, ref per scope: the weighted term sums, added array by array
+    values = iter(sums)
+    nonzero = [a_k for a_k in weights if a_k != 0]
+    rows = []
+    for scope in scope_list:
+        row_k = None
+        for _ in scope:
+            terms = [next(values) for _ in nonzero]
+            num = nonzero[0] * terms[0] if nonzero else 0.0
+            for a_k, term in zip(nonzero[1:], terms[1:], strict=True):
+                num = num + a_k * term
+            den, wdd, wgg = next(values), next(values), next(values)
+            part = [num, den, wdd + wgg]
+            row_k = part if row_k is None else [a + b for a, b in zip(row_k, part, strict=True)]
+        rows += row_k
+    exact = len(weights) == 3
     f_decrease = state.f_prev - f if exact else None
     beta = _host_rule(
-        _rule.adam_beta, sums, 3, config, lr=lr, weight_decay=wd, f_decrease=f_decrease
+        _rule.adam_beta, rows, 3, config, lr=lr, weight_decay=wd, f_decrease=f_decrease
     )
     beta = np.reshape(beta, (-1,))
     new_d, new_x = list(ds), list(xs)
     new_prods = list(state.beta1_prod)
-    for k, scope in enumerate(scopes(len(xs), config.per_layer)):
+    for k, scope in enumerate(scope_list):
         for i in scope:
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]
             b = _host_scalar(xp, beta[k], g.dtype)
-            d = g + (b + lam * p) / (1.0 + lam * p) * (d - g)
+            v = diffs[i] if diffs[i] is not None else d - g
+            d = g + (b + lps[i]) / denoms[i] * v
             if weight_decay_mode == "proximal":
                 x = (x - lr * d / p) / (1.0 + lr * wd)
             else:
@@ -886,4 +930,4 @@ def am_adam_apply(
     )
     betas_out = tuple(np.float64(b) for b in beta)
     beta_ret = betas_out if config.per_layer else betas_out[0]
-    return restore(_narrow(xp, tuple(new_x), xs0), single), new_state, beta_ret
+    return restore(_narrow(xp, tuple(new_x), xs0), False), new_state, beta_ret
