@@ -715,8 +715,16 @@ def _result(layout, obj, xs, f, gs, nit, reason, betas) -> OptimizeResult:
 
 
 def _max_abs_parts(xp: Any, arrays: tuple) -> list:
-    """``max|a|`` of each non-empty array, as 0-d device arrays (NaN propagates)."""
-    return [xp.max(xp.abs(a)) for a in arrays if a.size != 0]
+    """``max|a|`` of each non-empty array, as 0-d device arrays (NaN propagates).
+
+    The infinity norm of the linalg extension where there is one: one pass (torch's
+    ``linalg.vector_norm``) instead of ``abs`` and ``max``; the same value, as both
+    operations are exact.
+    """
+    norm = getattr(getattr(xp, "linalg", None), "vector_norm", None)
+    if norm is None:
+        return [xp.max(xp.abs(a)) for a in arrays if a.size != 0]
+    return [norm(a, ord=math.inf) for a in arrays if a.size != 0]
 
 
 def _max_of(values: list[float]) -> float:
