@@ -27,7 +27,7 @@ __all__ = ["is_device", "read", "to_device"]
 
 def is_device(arrays: Any) -> bool:
     """True when ``arrays`` are neither NumPy nor dask arrays (their values live elsewhere)."""
-    return not any(type(a) is np.ndarray or array_api_compat.is_dask_array(a) for a in arrays)
+    return not any(isinstance(a, np.ndarray) or array_api_compat.is_dask_array(a) for a in arrays)
 
 
 def _is_host(v: Any) -> bool:
