@@ -459,6 +459,7 @@ def am_momentum_sums(
     ds = gs if state.step == 0 and state.d_from_g else state.d
     exact = _exact(config.numerator, state.f_prev)
     sums: list[Array] = []
+    diffs: list[Array] = [None] * len(xs)
     for scope in scopes(len(xs), config.per_layer):
         acc = acc_dtype(xp, [gs[i] for i in scope])
         cols: list[Array] = []
@@ -466,12 +467,14 @@ def am_momentum_sums(
             g = _flat(xp, cast(xp, gs[i], acc))
             d = _flat(xp, cast(xp, ds[i], acc))
             v = d - g
+            if acc == gs[i].dtype:
+                diffs[i] = v if v.shape == gs[i].shape else xp.reshape(v, gs[i].shape)
             part = [xp.matmul(v, v), xp.matmul(g, g), xp.matmul(d, d)]
             if exact:
                 part += [xp.matmul(v, g), xp.matmul(v, d)]
             cols = part if not cols else [a + b for a, b in zip(cols, part, strict=True)]
         sums += cols
-    return (ds, exact), sums
+    return (ds, diffs, exact), sums
 
 
 def am_momentum_apply(
@@ -493,7 +496,7 @@ def am_momentum_apply(
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     xp = array_namespace(*xs, *gs)
-    ds, exact = pending
+    ds, diffs, exact = pending
     f_decrease = state.f_prev - f if exact else None
     beta, gamma = _host_rule(
         _rule.momentum_beta, sums, 5 if exact else 3, config, lr=lr, f_decrease=f_decrease
@@ -503,7 +506,9 @@ def am_momentum_apply(
         for i in scope:
             coef = _host_scalar(xp, gamma[k], gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
-            new_d[i] = gs[i] + coef * (ds[i] - gs[i])
+            # d - g is the sums' own where they were formed in the arrays' dtype.
+            v = ds[i] - gs[i] if diffs[i] is None else diffs[i]
+            new_d[i] = gs[i] + coef * v
     new_x = tuple(x - lr * d for x, d in zip(xs, new_d, strict=True))
     new_state = AMState(state.step + 1, tuple(new_d), float(f), state.d_from_g)
     betas = tuple(np.float64(b) for b in np.reshape(beta, (-1,)))

@@ -721,10 +721,11 @@ def _max_abs_parts(xp: Any, arrays: tuple) -> list:
     ``linalg.vector_norm``) instead of ``abs`` and ``max``; the same value, as both
     operations are exact.
     """
+    arrays = [a for a in arrays if math.prod(a.shape) != 0]  # torch's ``size`` is a method
     norm = getattr(getattr(xp, "linalg", None), "vector_norm", None)
     if norm is None:
-        return [xp.max(xp.abs(a)) for a in arrays if a.size != 0]
-    return [norm(a, ord=math.inf) for a in arrays if a.size != 0]
+        return [xp.max(xp.abs(a)) for a in arrays]
+    return [norm(a, ord=math.inf) for a in arrays]
 
 
 def _max_of(values: list[float]) -> float:
