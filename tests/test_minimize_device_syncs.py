@@ -203,6 +203,65 @@ def test_am_adam_ops_are_array_work_only(am, base):
     assert ops_am - ops_base <= 24
 
 
+def _ops(fn):
+    count = _Count()
+    with count.counting():
+        fn()
+    return count.ops
+
+
+def _step_ops(method, x, g):
+    """Dispatched ops of one core step of ``method`` (past its first) at ``x``, ``g``."""
+    from amopt import _core
+    from amopt._config import AMConfig
+
+    xs, gs = (x,), (g,)
+    if method == "gd":
+        return _ops(lambda: _core.gd_step(xs, gs, lr=0.01))
+    if method == "mgd":
+        state = _core.HeavyBallState(1, (g + 1.0,))
+        return _ops(lambda: _core.heavy_ball_step(xs, gs, state, lr=0.01, beta=0.9))
+    if method in ("adam", "adamw"):
+        state = _core.AdamState(1, (g + 1.0,), (g * g,))
+        return _ops(
+            lambda: _core.adam_step(
+                xs,
+                gs,
+                state,
+                lr=0.01,
+                decoupled=method == "adamw",
+                weight_decay=0.01 if method == "adamw" else 0.0,
+            )
+        )
+    config = AMConfig()
+    state = _core.AMState(1, (g + 1.0,), 1.0, True)
+    pending, sums = [], []
+
+    def sums_part():
+        pending[:], sums[:] = _core.am_momentum_sums(xs, gs, state, config=config)
+
+    ops = _ops(sums_part)
+    values = [float(s) for s in sums]
+    return ops + _ops(
+        lambda: _core.am_momentum_apply(
+            xs, gs, state, tuple(pending), values, lr=0.01, f=0.5, config=config
+        )
+    )
+
+
+@pytest.mark.parametrize("method", ["gd", "mgd", "am-mgd", "adam", "adamw"])
+def test_the_loop_adds_four_ops_to_the_objective_and_the_step(method):
+    """Per iteration: the objective, the core step, and the loop's own work: the copy of
+    the returned gradient, ``max|x|``, ``max|g|`` (one infinity norm each) and the stack
+    of the values read."""
+    prob = _DeviceLeastSquares()
+    x = torch.full((20,), 0.1, dtype=torch.float64)
+    objective = _ops(lambda: prob.value_and_grad(x))
+    _, g = prob.value_and_grad(x)
+    _, per_iteration = _per_iteration(method)
+    assert per_iteration <= objective + _step_ops(method, x, g) + 4
+
+
 @pytest.mark.parametrize("method", ["am-mgd", "am-adamw", "am-sgd"])
 def test_the_rule_runs_on_host_numbers(monkeypatch, method):
     seen = []
