@@ -450,8 +450,8 @@ def am_momentum_sums(
 
     Returns ``(pending, sums)``: what :func:`am_momentum_apply` needs again, and the
     0-d arrays :data:`amopt._rule.MOMENTUM_SUMS` of every scope (5 with the exact
-    numerator, else 3), in scope order. Each sum is one ``matmul`` of two flattened
-    arrays (a BLAS dot on the device).
+    numerator, else 3), in scope order. Each sum is one ``@`` of two flattened
+    arrays (a BLAS dot on the device; the operator, without the namespace's wrapper).
     """
     xs, _ = as_tuple(params)
     gs, _ = as_tuple(grads)
@@ -469,9 +469,9 @@ def am_momentum_sums(
             v = d - g
             if acc == gs[i].dtype:
                 diffs[i] = v if v.shape == gs[i].shape else xp.reshape(v, gs[i].shape)
-            part = [xp.matmul(v, v), xp.matmul(g, g), xp.matmul(d, d)]
+            part = [v @ v, g @ g, d @ d]
             if exact:
-                part += [xp.matmul(v, g), xp.matmul(v, d)]
+                part += [v @ g, v @ d]
             cols = part if not cols else [a + b for a, b in zip(cols, part, strict=True)]
         sums += cols
     return (ds, diffs, exact), sums
@@ -826,7 +826,7 @@ def am_adam_sums(
     Returns ``(pending, sums)``: what :func:`am_adam_apply` needs again, and, per
     array, the sums of the numerator's terms of nonzero weight
     (:data:`amopt._rule.ADAM_TERMS` or :data:`amopt._rule.ADAM_EXACT_TERMS`), of
-    ``w (d-g)^2``, ``w d^2`` and ``w g^2``, each one ``matmul`` of two flattened arrays
+    ``w (d-g)^2``, ``w d^2`` and ``w g^2``, each one ``@`` of two flattened arrays
     in the accumulation dtype; :func:`am_adam_apply` weighs and adds them into the
     rule's :data:`amopt._rule.ADAM_SUMS` on the host.
     """
@@ -867,10 +867,8 @@ def am_adam_sums(
                 q = g / p_a
                 uv = u * v if weights[1] != 0 else None
                 terms = [(q, g), (uv, v), (q, d), (g, x), (d, x)]
-            sums += [
-                xp.matmul(a, b) for (a, b), a_k in zip(terms, weights, strict=True) if a_k != 0
-            ]
-            sums += [xp.matmul(wv, v), xp.matmul(w * d, d), xp.matmul(w * g, g)]
+            sums += [a @ b for (a, b), a_k in zip(terms, weights, strict=True) if a_k != 0]
+            sums += [wv @ v, (w * d) @ d, (w * g) @ g]
     pending = (xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights)
     return pending, sums
 

@@ -714,18 +714,17 @@ def _result(layout, obj, xs, f, gs, nit, reason, betas) -> OptimizeResult:
 # --------------------------------------------------------------------------- device driver
 
 
-def _max_abs_parts(xp: Any, arrays: tuple) -> list:
-    """``max|a|`` of each non-empty array, as 0-d device arrays (NaN propagates).
+def _norm_inf(xp: Any) -> Callable[[Any], Any]:
+    """``max|a|`` as a 0-d array (NaN propagates).
 
     The infinity norm of the linalg extension where there is one: one pass (torch's
     ``linalg.vector_norm``) instead of ``abs`` and ``max``; the same value, as both
     operations are exact.
     """
-    arrays = [a for a in arrays if math.prod(a.shape) != 0]  # torch's ``size`` is a method
     norm = getattr(getattr(xp, "linalg", None), "vector_norm", None)
     if norm is None:
-        return [xp.max(xp.abs(a)) for a in arrays]
-    return [norm(a, ord=math.inf) for a in arrays]
+        return lambda a: xp.max(xp.abs(a))
+    return lambda a: norm(a, ord=math.inf)
 
 
 def _max_of(values: list[float]) -> float:
@@ -735,30 +734,30 @@ def _max_of(values: list[float]) -> float:
     return max(values, default=0.0)
 
 
-def _sq_parts(xp: Any, arrays: tuple) -> list:
-    """:meth:`_Layout.sq_norm`'s per-array terms, left on the device."""
-    out = []
-    for a in arrays:
-        if a.dtype != xp.float64:
-            a = xp.astype(a, xp.float32)
-        out.append(xp.sum(a * a))
-    return out
-
-
-def _size(v: Any) -> int:
-    """How many floats :func:`read` returns for ``v``."""
-    return 1 if v is None or isinstance(v, numbers.Real) else math.prod(v.shape)
-
-
 class _Reads:
     """The device values of one point, read with everything else the step needs in one go."""
 
     def __init__(self, xp: Any, wd: float, decay_in_f: bool):
         self.xp, self.wd, self.sq = xp, wd, wd != 0 and decay_in_f
+        self.norm = _norm_inf(xp)
 
     def coupled(self, arrays: tuple, gs: tuple) -> tuple:
         wd = self.wd
         return gs if wd == 0 else tuple(g + wd * x for g, x in zip(gs, arrays, strict=True))
+
+    def _max_abs(self, arrays: tuple) -> list:
+        # empty arrays by their shape: torch's ``size`` is a method
+        return [self.norm(a) for a in arrays if math.prod(a.shape) != 0]
+
+    def _sq(self, arrays: tuple) -> list:
+        """:meth:`_Layout.sq_norm`'s per-array terms, left on the device."""
+        xp = self.xp
+        out = []
+        for a in arrays:
+            if a.dtype != xp.float64:
+                a = xp.astype(a, xp.float32)
+            out.append(xp.sum(a * a))
+        return out
 
     def point(
         self,
@@ -774,27 +773,25 @@ class _Reads:
         ``at`` is the point of ``f`` (default ``xs``), whose squared norm is read when
         the method's f includes the decay.
         """
-        xp = self.xp
-        groups = {
-            "x": [] if xs is None else _max_abs_parts(xp, xs),
-            "f": [] if x_only else [f],
-            "g": [] if x_only else _max_abs_parts(xp, g_c),
-            "sq": _sq_parts(xp, xs if at is None else at) if self.sq and not x_only else [],
-            "sums": sums,
-        }
-        values = iter(read(xp, [v for part in groups.values() for v in part]))
-        got = {
-            k: [next(values) for v in part for _ in range(_size(v))] for k, part in groups.items()
-        }
+        x_parts = [] if xs is None else self._max_abs(xs)
+        if x_only:
+            g_parts, sq_parts, f_part = [], [], []
+        else:
+            g_parts = self._max_abs(g_c)
+            sq_parts = self._sq(xs if at is None else at) if self.sq else []
+            f_part = [f]
+        values = read(self.xp, [*x_parts, *f_part, *g_parts, *sq_parts, *sums])
+        i, j = len(x_parts), len(x_parts) + len(f_part)
+        k, m = j + len(g_parts), j + len(g_parts) + len(sq_parts)
         total = 0.0
-        for v in got["sq"]:
+        for v in values[k:m]:
             total += v
         return {
-            "x": _max_of(got["x"]),
-            "f": got["f"][0] if got["f"] else math.nan,
-            "g": _max_of(got["g"]),
+            "x": _max_of(values[:i]),
+            "f": values[i] if f_part else math.nan,
+            "g": _max_of(values[j:k]),
             "sq": total,
-            "sums": got["sums"],
+            "sums": values[m:],
         }
 
 

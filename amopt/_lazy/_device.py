@@ -14,7 +14,6 @@ device without waiting for the device's queue where the library allows it.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import array_api_compat
@@ -30,8 +29,8 @@ def is_device(arrays: Any) -> bool:
     return not any(isinstance(a, np.ndarray) or array_api_compat.is_dask_array(a) for a in arrays)
 
 
-def _is_host(v: Any) -> bool:
-    return isinstance(v, numbers.Real | np.generic) or type(v) is np.ndarray
+#: values already on the host (the loop's floats, NumPy scalars)
+_HOST = (float, int, np.generic, np.ndarray)
 
 
 def _to_host_list(packed: Any) -> list[float]:
@@ -42,34 +41,20 @@ def _to_host_list(packed: Any) -> list[float]:
 
 
 def read(xp: Any, values: list) -> list[float]:
-    """The values of ``values`` (0-d device arrays, or host numbers) as floats, in one transfer.
+    """The values of ``values`` (0-d arrays of ``xp``, or host numbers) as floats, in one transfer.
 
     Every device value is cast to float64 (float32 on a device without float64) and
-    stacked; the stack is copied to the host once. A device array of more than one
-    element contributes its elements in order (C order), so ``read`` returns one float
-    per element.
+    stacked; the stack is copied to the host once.
     """
-    out: list[Any] = []
-    parts: list[Any] = []
-    for v in values:
-        if _is_host(v):
-            out.extend(float(a) for a in np.ravel(np.asarray(v, dtype=np.float64)))
-        else:
-            out.extend([None] * int(np.prod(tuple(v.shape), dtype=np.int64)))
-            parts.append(v)
-    if not parts:
-        return out
+    device = [v for v in values if not isinstance(v, _HOST)]
+    if not device:
+        return [float(v) for v in values]
     wide = xp.float64
-    if getattr(getattr(parts[0], "device", None), "type", None) == "mps":
+    if getattr(getattr(device[0], "device", None), "type", None) == "mps":
         wide = xp.float32
-    parts = [p if p.dtype == wide else xp.astype(p, wide) for p in parts]
-    scalars = [p for p in parts if p.ndim == 0]
-    if len(scalars) == len(parts):
-        packed = xp.stack(parts)
-    else:
-        packed = xp.concat([p if p.ndim == 1 else xp.reshape(p, (-1,)) for p in parts])
-    host = iter(_to_host_list(packed))
-    return [next(host) if v is None else v for v in out]
+    packed = xp.stack([v if v.dtype == wide else xp.astype(v, wide) for v in device])
+    got = iter(_to_host_list(packed))
+    return [float(v) if isinstance(v, _HOST) else next(got) for v in values]
 
 
 def to_device(xp: Any, a: np.ndarray, like: Any) -> tuple[Any, Any]:
