@@ -166,6 +166,35 @@ def test_one_synchronisation_with_decay_and_either_numerator(options):
         assert syncs <= 1.0, method
 
 
+@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("method", ["mgd", "am-mgd", "adamw", "am-adam", "am-adamw"])
+def test_one_synchronisation_for_a_parameter_list(method, per_layer):
+    """Several arrays, one beta per array or one for all: still one read per iteration."""
+    gen = torch.Generator().manual_seed(1)
+    targets = [torch.randn(5, 3, generator=gen, dtype=torch.float64), torch.randn(3)]
+
+    def fun(xs):
+        return sum(0.5 * ((x - t) ** 2).sum() for x, t in zip(xs, targets, strict=True))
+
+    def jac(xs):
+        return [x - t for x, t in zip(xs, targets, strict=True)]
+
+    options = {"lr": 0.1, "gtol": 0.0} | (
+        {"per_layer": per_layer} if method.startswith("am-") else {}
+    )
+    syncs = []
+    for maxiter in (10, 30):
+        count = _Count()
+        x0 = [torch.zeros(5, 3, dtype=torch.float64), torch.zeros(3)]  # float64 and float32
+        with count.counting():
+            res = amopt.minimize(
+                fun, x0, jac=jac, method=method, options=options | {"maxiter": maxiter}
+            )
+        assert res.nit == maxiter
+        syncs.append(count.syncs)
+    assert (syncs[1] - syncs[0]) / 20 <= 1.0
+
+
 def test_the_counter_sees_host_reads():
     # the counting must not be vacuous: the loop's own reads, one by one, count
     count = _Count()
