@@ -714,17 +714,20 @@ def _result(layout, obj, xs, f, gs, nit, reason, betas) -> OptimizeResult:
 # --------------------------------------------------------------------------- device driver
 
 
-def _norm_inf(xp: Any) -> Callable[[Any], Any]:
-    """``max|a|`` as a 0-d array (NaN propagates).
+def _norm_inf(xp: Any, like: Any) -> Callable[[Any], Any]:
+    """``max|a|`` as a 0-d array (NaN propagates) for arrays like ``like``.
 
-    The infinity norm of the linalg extension where there is one: one pass (torch's
-    ``linalg.vector_norm``) instead of ``abs`` and ``max``; the same value, as both
-    operations are exact.
+    On a CUDA tensor, torch's infinity norm: one pass instead of ``abs`` and ``max``
+    (the same value: both operations are exact). On the CPU torch's infinity norm is
+    about ten times slower than ``abs`` and ``max`` (measured with 1e5 float64), and
+    other libraries' norms are ``abs`` and ``max`` themselves.
     """
-    norm = getattr(getattr(xp, "linalg", None), "vector_norm", None)
-    if norm is None:
-        return lambda a: xp.max(xp.abs(a))
-    return lambda a: norm(a, ord=math.inf)
+    device = getattr(like, "device", None)
+    if array_api_compat.is_torch_array(like) and getattr(device, "type", None) == "cuda":
+        import torch
+
+        return lambda a: torch.linalg.vector_norm(a, math.inf)
+    return lambda a: xp.max(xp.abs(a))
 
 
 def _max_of(values: list[float]) -> float:
@@ -737,9 +740,9 @@ def _max_of(values: list[float]) -> float:
 class _Reads:
     """The device values of one point, read with everything else the step needs in one go."""
 
-    def __init__(self, xp: Any, wd: float, decay_in_f: bool):
+    def __init__(self, xp: Any, like: Any, wd: float, decay_in_f: bool):
         self.xp, self.wd, self.sq = xp, wd, wd != 0 and decay_in_f
-        self.norm = _norm_inf(xp)
+        self.norm = _norm_inf(xp, like)
 
     def coupled(self, arrays: tuple, gs: tuple) -> tuple:
         wd = self.wd
@@ -815,7 +818,7 @@ def _run_device(
       read before the callback sees the iterate, one more transfer per iteration.
     """
     xp = layout.xp
-    reads = _Reads(xp, wd, decay_in_f)
+    reads = _Reads(xp, layout.arrays[0], wd, decay_in_f)
     xs = layout.arrays
     state = None
     betas: list[Any] = []
