@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from amopt import _numpy_fast, _rule
 from amopt._config import AMConfig, config_of_call, rule_keywords
 from amopt._reduce import (
@@ -402,6 +404,117 @@ def am_momentum_step(
     return restore(new_x, single), new_state, (tuple(betas) if config.per_layer else betas[0])
 
 
+# --------------------------------------------------------------------------- device split
+# On a device the step is cut at the rule: the sums go to the host with the loop's other
+# values in one transfer (amopt._lazy.read), the rule runs there on NumPy float64 (the same
+# IEEE operations as on the device), and the apply kernels take its coefficients as
+# Python numbers, rounded to the arrays' dtype as a 0-d array of that dtype would hold them.
+
+
+def _host_scalar(xp: Any, value: Any, dtype: Any) -> float:
+    """``value`` rounded to ``dtype`` (a float of the namespace ``xp``), as a Python float."""
+    value = float(value)
+    if dtype == xp.float64:
+        return value
+    if dtype == xp.float32:
+        return float(np.float32(value))
+    if dtype == getattr(xp, "float16", None):
+        return float(np.float16(value))
+    if dtype == getattr(xp, "bfloat16", None):
+        # round to nearest even on the top 16 bits of the float32
+        bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return float(np.array(bits, dtype=np.uint32).view(np.float32))
+    return value
+
+
+def _flat(xp: Any, a: Array) -> Array:
+    return a if a.ndim == 1 else xp.reshape(a, (-1,))
+
+
+def _host_rule(rule: Any, sums: Any, k: int, config: AMConfig, **kwargs: Any) -> Any:
+    """``rule`` on the host: ``sums`` (read floats, ``k`` per scope) as a float64 NumPy array."""
+    host = np.asarray(sums, dtype=np.float64).reshape(-1, k)
+    with np.errstate(all="ignore"):  # a NaN from overflowing sums is the rule's to handle
+        return rule(array_namespace(host), host, config, **kwargs)
+
+
+def _exact(numerator: str, f_prev: Any) -> bool:
+    return numerator == "exact" and not (isinstance(f_prev, float) and math.isnan(f_prev))
+
+
+def am_momentum_sums(
+    params: Any, grads: Any, state: AMState, *, config: AMConfig
+) -> tuple[Any, list[Array]]:
+    """The device half of :func:`am_momentum_step` before the rule: its sums.
+
+    Returns ``(pending, sums)``: what :func:`am_momentum_apply` needs again, and the
+    0-d arrays :data:`amopt._rule.MOMENTUM_SUMS` of every scope (5 with the exact
+    numerator, else 3), in scope order. Each sum is one ``@`` of two flattened
+    arrays (a BLAS dot on the device; the operator, without the namespace's wrapper).
+    """
+    xs, _ = as_tuple(params)
+    gs, _ = as_tuple(grads)
+    xp = array_namespace(*xs, *gs)
+    ds = gs if state.step == 0 and state.d_from_g else state.d
+    exact = _exact(config.numerator, state.f_prev)
+    sums: list[Array] = []
+    diffs: list[Array] = [None] * len(xs)
+    for scope in scopes(len(xs), config.per_layer):
+        acc = acc_dtype(xp, [gs[i] for i in scope])
+        cols: list[Array] = []
+        for i in scope:
+            g = _flat(xp, cast(xp, gs[i], acc))
+            d = _flat(xp, cast(xp, ds[i], acc))
+            v = d - g
+            if acc == gs[i].dtype:
+                diffs[i] = v if v.shape == gs[i].shape else xp.reshape(v, gs[i].shape)
+            part = [v @ v, g @ g, d @ d]
+            if exact:
+                part += [v @ g, v @ d]
+            cols = part if not cols else [a + b for a, b in zip(cols, part, strict=True)]
+        sums += cols
+    return (ds, diffs, exact), sums
+
+
+def am_momentum_apply(
+    params: Any,
+    grads: Any,
+    state: AMState,
+    pending: Any,
+    sums: list[float],
+    *,
+    lr: float,
+    f: Any,
+    config: AMConfig,
+) -> tuple[Any, AMState, Any]:
+    """The rest of :func:`am_momentum_step`: the rule on the host ``sums``, then the apply.
+
+    ``sums`` are the values of :func:`am_momentum_sums`'s arrays; ``f`` the host value
+    of the objective. Returns what :func:`am_momentum_step` returns, with host betas.
+    """
+    xs, single = as_tuple(params)
+    gs, _ = as_tuple(grads)
+    xp = array_namespace(*xs, *gs)
+    ds, diffs, exact = pending
+    f_decrease = state.f_prev - f if exact else None
+    beta, gamma = _host_rule(
+        _rule.momentum_beta, sums, 5 if exact else 3, config, lr=lr, f_decrease=f_decrease
+    )
+    new_d: list[Array] = list(ds)
+    for k, scope in enumerate(scopes(len(xs), config.per_layer)):
+        for i in scope:
+            coef = _host_scalar(xp, gamma[k], gs[i].dtype)
+            # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
+            # d - g is the sums' own where they were formed in the arrays' dtype.
+            v = ds[i] - gs[i] if diffs[i] is None else diffs[i]
+            new_d[i] = gs[i] + coef * v
+    new_x = tuple(x - lr * d for x, d in zip(xs, new_d, strict=True))
+    new_state = AMState(state.step + 1, tuple(new_d), float(f), state.d_from_g)
+    betas = tuple(np.float64(b) for b in np.reshape(beta, (-1,)))
+    return restore(new_x, single), new_state, (betas if config.per_layer else betas[0])
+
+
 # --------------------------------------------------------------------------- Adam / AdamW
 
 
@@ -687,3 +800,137 @@ def am_adam_step(
     )
     beta_ret = tuple(betas_out) if config.per_layer else betas_out[0]
     return restore(_narrow(xp, tuple(new_x), xs0), single), new_state, beta_ret
+
+
+def am_adam_host_init(params: Any) -> AMAdamState:
+    """:func:`am_adam_init` with the running products of the betas held on the host."""
+    xs, _ = as_tuple(params)
+    base = adam_init(params)
+    return AMAdamState(0, base.exp_avg, base.exp_avg_sq, (np.float64(1.0),) * len(xs), math.nan)
+
+
+def am_adam_sums(
+    params: Any,
+    grads: Any,
+    state: AMAdamState,
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    config: AMConfig,
+) -> tuple[Any, list[Array]]:
+    """The device half of :func:`am_adam_step` before the rule, for a state whose
+    ``beta1_prod`` are host numbers (:func:`am_adam_host_init`).
+
+    Returns ``(pending, sums)``: what :func:`am_adam_apply` needs again, and, per
+    array, the sums of the numerator's terms of nonzero weight
+    (:data:`amopt._rule.ADAM_TERMS` or :data:`amopt._rule.ADAM_EXACT_TERMS`), of
+    ``w (d-g)^2``, ``w d^2`` and ``w g^2``, each one ``@`` of two flattened arrays
+    in the accumulation dtype; :func:`am_adam_apply` weighs and adds them into the
+    rule's :data:`amopt._rule.ADAM_SUMS` on the host.
+    """
+    xs0, _ = as_tuple(params)
+    gs, _ = as_tuple(grads)
+    xp = array_namespace(*xs0, *gs)
+    xs, gs = _widen(xp, xs0, xs0), _widen(xp, gs, xs0)
+    ds, vs = _widen(xp, state.exp_avg, xs0), _widen(xp, state.exp_avg_sq, xs0)
+    beta2, lam = betas[1], config.lam
+    t = state.step + 1
+    exact = _exact(config.numerator, state.f_prev)
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=weight_decay, exact=exact)
+    vs = tuple(beta2 * v + (1.0 - beta2) * (g * g) for v, g in zip(vs, gs, strict=True))
+    bias2 = 1.0 - beta2**t
+    n = len(xs)
+    ps, lps, denoms, diffs = [None] * n, [None] * n, [None] * n, [None] * n
+    sums: list[Array] = []
+    for scope in scopes(n, config.per_layer):
+        c = _rule.adam_correction(state.beta1_prod[scope[0]], config)
+        for i in scope:
+            p = _host_scalar(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
+            lp = lam * p
+            denom = 1.0 + lp
+            ps[i], lps[i], denoms[i] = p, lp, denom
+            acc = acc_dtype(xp, [gs[i]])
+            g, d, x = (_flat(xp, cast(xp, a, acc)) for a in (gs[i], ds[i], xs[i]))
+            p_a, denom_a = (_flat(xp, cast(xp, a, acc)) for a in (p, denom))
+            u = 1.0 / denom_a
+            w = u / p_a
+            v = d - g
+            if acc == gs[i].dtype:
+                diffs[i] = xp.reshape(v, gs[i].shape)  # the apply's d - g, the same values
+            wv = w * v
+            if exact:
+                uv = u * v
+                terms = [(wv, g), (uv, d), (x, v)]
+            else:
+                q = g / p_a
+                uv = u * v if weights[1] != 0 else None
+                terms = [(q, g), (uv, v), (q, d), (g, x), (d, x)]
+            sums += [a @ b for (a, b), a_k in zip(terms, weights, strict=True) if a_k != 0]
+            sums += [wv @ v, (w * d) @ d, (w * g) @ g]
+    pending = (xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights)
+    return pending, sums
+
+
+def am_adam_apply(
+    state: AMAdamState,
+    pending: Any,
+    sums: list[float],
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
+    weight_decay_mode: str = "decoupled",
+    f: Any,
+    config: AMConfig,
+) -> tuple[Any, AMAdamState, Any]:
+    """The rest of :func:`am_adam_step`: the rule on the host ``sums``, then the apply."""
+    xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights = pending
+    xp = array_namespace(*xs, *gs)
+    wd = weight_decay
+    scope_list = scopes(len(xs), config.per_layer)
+    # the rule's N, D, ref per scope: the weighted term sums, added array by array
+    values = iter(sums)
+    nonzero = [a_k for a_k in weights if a_k != 0]
+    rows = []
+    for scope in scope_list:
+        row_k = None
+        for _ in scope:
+            terms = [next(values) for _ in nonzero]
+            num = nonzero[0] * terms[0] if nonzero else 0.0
+            for a_k, term in zip(nonzero[1:], terms[1:], strict=True):
+                num = num + a_k * term
+            den, wdd, wgg = next(values), next(values), next(values)
+            part = [num, den, wdd + wgg]
+            row_k = part if row_k is None else [a + b for a, b in zip(row_k, part, strict=True)]
+        rows += row_k
+    exact = len(weights) == 3
+    f_decrease = state.f_prev - f if exact else None
+    beta = _host_rule(
+        _rule.adam_beta, rows, 3, config, lr=lr, weight_decay=wd, f_decrease=f_decrease
+    )
+    beta = np.reshape(beta, (-1,))
+    new_d, new_x = list(ds), list(xs)
+    new_prods = list(state.beta1_prod)
+    for k, scope in enumerate(scope_list):
+        for i in scope:
+            g, d, x, p = gs[i], ds[i], xs[i], ps[i]
+            b = _host_scalar(xp, beta[k], g.dtype)
+            v = diffs[i] if diffs[i] is not None else d - g
+            d = g + (b + lps[i]) / denoms[i] * v
+            if weight_decay_mode == "proximal":
+                x = (x - lr * d / p) / (1.0 + lr * wd)
+            else:
+                x = (1.0 - lr * wd) * x - lr * d / p
+            new_d[i], new_x[i] = d, x
+            new_prods[i] = state.beta1_prod[scope[0]] * beta[k]
+    new_state = AMAdamState(
+        state.step + 1,
+        _narrow(xp, tuple(new_d), xs0),
+        _narrow(xp, vs, xs0),
+        tuple(new_prods),
+        float(f),
+    )
+    betas_out = tuple(np.float64(b) for b in beta)
+    beta_ret = betas_out if config.per_layer else betas_out[0]
+    return restore(_narrow(xp, tuple(new_x), xs0), False), new_state, beta_ret

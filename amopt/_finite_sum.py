@@ -33,8 +33,11 @@ class FiniteSum(Protocol):
         type as ``x``).
     batch_value_and_grad(x, indices)
         Mean of :math:`f_i` over ``indices`` (plus the regulariser ``r``, if
-        any) and its gradient. ``indices`` is a 1-D NumPy integer array; an
-        implementation on another backend converts it itself.
+        any) and its gradient. ``indices`` is a 1-D integer array of the
+        library and device of ``x``: a NumPy array for NumPy (and dask) ``x``;
+        for CuPy, torch and other array libraries an array on ``x``'s device
+        (int64, a slice of a permutation moved there once per epoch), so that
+        the rows can be gathered there without a copy from the host per step.
 
     Examples
     --------

@@ -22,6 +22,7 @@ from scipy.optimize import OptimizeResult, OptimizeWarning
 from amopt import _lazy
 from amopt._config import check_bool, check_int, check_nonnegative
 from amopt._finite_sum import FiniteSum
+from amopt._lazy._device import is_device, read, to_device
 from amopt.backends import array_namespace, is_array
 
 __all__ = ["STATUS_MESSAGES"]
@@ -289,8 +290,25 @@ def _scalar(f: Any, what: str) -> float:
     raise TypeError(f"{what} must return a real scalar; got {_describe(f)}")
 
 
+def _deferred_scalar(f: Any, what: str, xp: Any) -> Any:
+    """:func:`_scalar` without reading a 0-d array of ``xp``: checked, returned as 0-d."""
+    if is_array(f) and not isinstance(f, np.generic) and array_namespace(f) is xp:
+        if math.prod(f.shape) != 1:
+            raise ValueError(f"{what} must return a scalar; got an array of shape {f.shape}")
+        if _numeric_kind(xp, f.dtype) != "real" or f.dtype == xp.bool:
+            raise TypeError(f"{what} must return a real scalar; got {_describe(f)}")
+        return f if f.ndim == 0 else xp.reshape(f, ())
+    return _scalar(f, what)
+
+
 class _Objective:
-    """Wraps ``fun``/``jac``/``args`` (or a FiniteSum) and counts evaluations."""
+    """Wraps ``fun``/``jac``/``args`` (or a FiniteSum) and counts evaluations.
+
+    With ``defer`` set (device arrays), a value returned as a 0-d array of ``x0``'s
+    library is checked but not read: it stays on the device for :func:`read`.
+    """
+
+    defer = False
 
     def __init__(self, fun, jac, args, layout: _Layout):
         self.layout = layout
@@ -342,6 +360,12 @@ class _Objective:
             raise TypeError(f"jac must be callable, True or None; got jac={jac!r}")
         self.jac_is_true = jac is True and not self.finite_sum
 
+    def scalar(self, f: Any, what: str) -> Any:
+        """The objective value ``f`` returned by ``what``, checked (a float, or deferred)."""
+        if self.defer:
+            return _deferred_scalar(f, what, self.layout.xp)
+        return _scalar(f, what)
+
     def __call__(self, arrays: tuple) -> tuple[float, tuple]:
         """Full objective value and gradient at ``arrays``."""
         x = self.layout.pack(arrays)
@@ -349,17 +373,18 @@ class _Objective:
             self.nfev += 1
             self.njev += 1
             f, g = self._pair(self.fun.value_and_grad(x), "fun.value_and_grad")
-            return _scalar(f, "fun.value_and_grad"), self.layout.unpack(g, "fun.value_and_grad")
+            f = self.scalar(f, "fun.value_and_grad")
+            return f, self.layout.unpack(g, "fun.value_and_grad")
         if self.jac_is_true:
             self.nfev += 1
             self.njev += 1
             f, g = self._pair(self.fun(x, *self.args), "with jac=True, fun")
-            return _scalar(f, "fun"), self.layout.unpack(g, "fun (jac=True)")
+            return self.scalar(f, "fun"), self.layout.unpack(g, "fun (jac=True)")
         if self.fd:
             return self._finite_difference(arrays)
         self.nfev += 1
         self.njev += 1
-        f = _scalar(self.fun(x, *self.args), "fun")
+        f = self.scalar(self.fun(x, *self.args), "fun")
         return f, self.layout.unpack(self.jac(x, *self.args), "jac")
 
     @staticmethod
@@ -376,7 +401,7 @@ class _Objective:
         self.njev += 1
         what = "fun.batch_value_and_grad"
         f, g = self._pair(self.fun.batch_value_and_grad(x, indices), what)
-        return _scalar(f, what), self.layout.unpack(g, what)
+        return self.scalar(f, what), self.layout.unpack(g, what)
 
     def _finite_difference(self, arrays: tuple) -> tuple[float, tuple]:
         """Forward differences with scipy's ``approx_derivative`` step rule.
@@ -431,6 +456,38 @@ class _Sampler:
         return idx
 
 
+class _DeviceSampler:
+    """The indices of :class:`_Sampler`, drawn on the host and moved to the device in blocks.
+
+    The same draws as the host sampler (hence the same batches as a NumPy run with the
+    same seed), moved once per epoch (without replacement) or once per block of up to
+    an epoch's worth of steps (with replacement, at most the steps left, so that a run
+    that ends at ``maxiter`` draws what the host sampler draws). Each step slices the
+    device array.
+    """
+
+    def __init__(self, sampler: _Sampler, xp: Any, like: Any, steps: int):
+        self.sampler, self.xp, self.like, self.left = sampler, xp, like, steps
+        self.block: Any = None
+        self.keep: Any = None  # the host buffer of the latest copy
+        self.pos = self.size = 0
+
+    def __call__(self) -> Any:
+        s = self.sampler
+        if self.pos >= self.size:
+            if s.replace:
+                k = max(1, min(self.left, -(-s.n // s.batch_size)))
+                host = np.concatenate([s() for _ in range(k)])
+            else:
+                host = s.rng.permutation(s.n)
+            self.block, self.keep = to_device(self.xp, host, self.like)
+            self.pos, self.size = 0, host.size
+        idx = self.block[self.pos : min(self.pos + s.batch_size, self.size)]
+        self.pos += s.batch_size
+        self.left -= 1
+        return idx
+
+
 def _beta_to_numpy(beta: Any) -> Any:
     if isinstance(beta, tuple):
         return np.array([float(b) for b in beta])
@@ -475,6 +532,7 @@ def _run(
     replace=False,
     weight_decay=0.0,
     decay_in_f=False,
+    split=None,
 ) -> OptimizeResult:
     """The loop shared by every method.
 
@@ -487,7 +545,8 @@ def _run(
     ``decay_in_f`` (for an exact numerator), else :math:`f`. The result and the
     callback report :math:`f` and :math:`g`, the values of ``fun`` and ``jac``.
     ``default_batch``: sample ``min(DEFAULT_BATCH_SIZE, fun.n_samples)`` per batch
-    when ``fun`` is a FiniteSum and ``batch_size`` is None.
+    when ``fun`` is a FiniteSum and ``batch_size`` is None. ``split``: the AM step
+    cut at its rule, for device arrays (:func:`_run_device`).
     """
     maxiter = check_int("maxiter", maxiter, 0)
     gtol = check_nonnegative("gtol", gtol)
@@ -531,6 +590,24 @@ def _run(
     )
     if lazy is not None:  # dask arrays: one graph submission per step, see amopt._lazy
         layout, obj, step = lazy.layout, lazy.objective, lazy.step
+    elif is_device(layout.arrays):  # one host transfer per step, see amopt._lazy._device
+        obj.defer = True
+        if sampler is not None:
+            sampler = _DeviceSampler(sampler, layout.xp, layout.arrays[0], maxiter)
+        return _run_device(
+            layout,
+            obj,
+            step,
+            split,
+            cb,
+            sampler,
+            maxiter=maxiter,
+            gtol=gtol,
+            is_am=is_am,
+            stochastic=stochastic,
+            wd=weight_decay,
+            decay_in_f=decay_in_f,
+        )
 
     def coupled(arrays: tuple, f: float, gs: tuple) -> tuple[float, tuple]:
         # (f, g) of the method: those of F = f + wd/2 |x|^2 under coupled decay
@@ -612,6 +689,11 @@ def _run(
     if sampler is not None:
         # The result reports the full objective at the returned iterate.
         f, gs = obj(xs) if obj.finite_sum else (f, gs)
+    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+
+
+def _result(layout, obj, xs, f, gs, nit, reason, betas) -> OptimizeResult:
+    """The ``OptimizeResult`` of a run; ``betas`` None for a method without AM betas."""
     status, message = STATUS_MESSAGES[reason]
     res = OptimizeResult(
         x=layout.pack(xs),
@@ -624,7 +706,7 @@ def _run(
         success=status == 0,
         message=message,
     )
-    if is_am:
+    if betas is not None:
         if betas:
             res["betas"] = np.stack([np.asarray(_beta_to_numpy(b)) for b in betas])
             if layout.container is None and res["betas"].ndim == 2:
@@ -632,6 +714,239 @@ def _run(
         else:
             res["betas"] = np.empty((0,), dtype=np.float64)
     return res
+
+
+# --------------------------------------------------------------------------- device driver
+
+
+def _norm_inf(xp: Any, like: Any) -> Callable[[Any], Any]:
+    """``max|a|`` as a 0-d array (NaN propagates) for arrays like ``like``.
+
+    On a CUDA tensor, torch's infinity norm: one pass instead of ``abs`` and ``max``
+    (the same value: both operations are exact). On the CPU torch's infinity norm is
+    about ten times slower than ``abs`` and ``max`` (measured with 1e5 float64), and
+    other libraries' norms are ``abs`` and ``max`` themselves.
+    """
+    device = getattr(like, "device", None)
+    if array_api_compat.is_torch_array(like) and getattr(device, "type", None) == "cuda":
+        import torch
+
+        return lambda a: torch.linalg.vector_norm(a, math.inf)
+    return lambda a: xp.max(xp.abs(a))
+
+
+def _max_of(values: list[float]) -> float:
+    """The largest of ``values``, NaN if any is NaN; 0 for none (an empty iterate)."""
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values, default=0.0)
+
+
+class _Reads:
+    """The device values of one point, read with everything else the step needs in one go."""
+
+    def __init__(self, xp: Any, like: Any, wd: float, decay_in_f: bool):
+        self.xp, self.wd, self.sq = xp, wd, wd != 0 and decay_in_f
+        self.norm = _norm_inf(xp, like)
+
+    def coupled(self, arrays: tuple, gs: tuple) -> tuple:
+        wd = self.wd
+        return gs if wd == 0 else tuple(g + wd * x for g, x in zip(gs, arrays, strict=True))
+
+    def _max_abs(self, arrays: tuple) -> list:
+        # empty arrays by their shape: torch's ``size`` is a method
+        return [self.norm(a) for a in arrays if math.prod(a.shape) != 0]
+
+    def _sq(self, arrays: tuple) -> list:
+        """:meth:`_Layout.sq_norm`'s per-array terms, left on the device."""
+        xp = self.xp
+        out = []
+        for a in arrays:
+            if a.dtype != xp.float64:
+                a = xp.astype(a, xp.float32)
+            out.append(xp.sum(a * a))
+        return out
+
+    def point(
+        self,
+        xs: tuple | None,
+        f: Any,
+        g_c: tuple,
+        sums: list,
+        x_only: bool = False,
+        at: tuple | None = None,
+    ) -> dict:
+        """Read ``max|xs|`` (unless None), ``f``, ``max|g_c|``, ``|at|^2`` and ``sums``.
+
+        ``at`` is the point of ``f`` (default ``xs``), whose squared norm is read when
+        the method's f includes the decay.
+        """
+        x_parts = [] if xs is None else self._max_abs(xs)
+        if x_only:
+            g_parts, sq_parts, f_part = [], [], []
+        else:
+            g_parts = self._max_abs(g_c)
+            sq_parts = self._sq(xs if at is None else at) if self.sq else []
+            f_part = [f]
+        values = read(self.xp, [*x_parts, *f_part, *g_parts, *sq_parts, *sums])
+        i, j = len(x_parts), len(x_parts) + len(f_part)
+        k, m = j + len(g_parts), j + len(g_parts) + len(sq_parts)
+        total = 0.0
+        for v in values[k:m]:
+            total += v
+        return {
+            "x": _max_of(values[:i]),
+            "f": values[i] if f_part else math.nan,
+            "g": _max_of(values[j:k]),
+            "sq": total,
+            "sums": values[m:],
+        }
+
+
+def _run_device(
+    layout, obj, step, split, cb, sampler, *, maxiter, gtol, is_am, stochastic, wd, decay_in_f
+) -> OptimizeResult:
+    """The loop of :func:`_run` for device arrays: one host transfer per iteration.
+
+    Every value the loop tests on the host is read with :func:`amopt._lazy._device.read`
+    in one transfer per iteration, and an AM step is cut at its rule (``split``, see
+    :class:`amopt._methods._Split`) so that the rule's sums travel in the same transfer
+    and the rule runs on the host. The tests and their order are those of :func:`_run`;
+    what changes is when a value is known:
+
+    * full batch: the objective at :math:`x_{t+1}` is evaluated before the finiteness
+      of :math:`x_{t+1}` is known (both are read together), so ``fun`` may see a
+      non-finite iterate that then ends the run (the result is the last finite one);
+    * mini-batch: the finiteness of :math:`x_{t+1}` is read with the next batch's
+      values (so that batch is evaluated at it) or at the end of the run; a
+      non-finite one is then taken back (``nit``, betas). With a ``callback`` it is
+      read before the callback sees the iterate, one more transfer per iteration.
+    """
+    xp = layout.xp
+    reads = _Reads(xp, layout.arrays[0], wd, decay_in_f)
+    xs = layout.arrays
+    state = None
+    betas: list[Any] = []
+    nit = 0
+    pending = None
+
+    def method_f(f: float, sq: float) -> float:
+        # f of the method: that of F = f + wd/2 |x|^2 when decay_in_f (as _run's coupled)
+        return f + 0.5 * wd * sq if reads.sq else f
+
+    def gnorm_of(g_max: float) -> float:
+        return g_max if gtol > 0 else (0.0 if math.isfinite(g_max) else math.nan)
+
+    def prepare(arrays: tuple, g_c: tuple) -> list:
+        nonlocal state, pending
+        if split is None:
+            return []
+        state, pending, sums = split.sums(arrays, g_c, state)
+        return sums if isinstance(sums, list) else [sums]
+
+    def take_step(arrays: tuple, g_c: tuple, f_step: float, values: list) -> tuple:
+        if split is None:
+            return step(arrays, g_c, f_step, state)
+        return split.apply(arrays, g_c, f_step, state, pending, values)
+
+    if sampler is None:
+        f, gs = obj(xs)
+        g_c = reads.coupled(xs, gs)
+        got = reads.point(xs, f, g_c, prepare(xs, g_c))
+        f, gnorm, sums = got["f"], gnorm_of(got["g"]), got["sums"]
+        f_c = method_f(f, got["sq"])
+        reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
+        if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
+            reason = "nonfinite"
+        while reason is None:
+            if gtol > 0 and gnorm <= gtol:
+                reason = "gtol"
+                break
+            if nit >= maxiter:
+                reason = "maxiter"
+                break
+            new_xs, state, beta = take_step(xs, g_c, f_c, sums)
+            f_new, g_new = obj(new_xs)
+            g_c_new = reads.coupled(new_xs, g_new)
+            got = reads.point(new_xs, f_new, g_c_new, prepare(new_xs, g_c_new))
+            if not math.isfinite(got["x"]):
+                reason = "nonfinite"
+                break
+            gnorm_new = gnorm_of(got["g"])
+            if not (math.isfinite(got["f"]) and math.isfinite(gnorm_new)):
+                reason = "nonfinite"
+                break
+            xs, f, gs, g_c, gnorm, sums = new_xs, got["f"], g_new, g_c_new, gnorm_new, got["sums"]
+            f_c = method_f(f, got["sq"])
+            nit += 1
+            if is_am:
+                betas.append(beta)
+            if cb is not None and _call_back(cb, layout, xs, f, gs, nit, beta, is_am):
+                reason = "callback"
+        return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+
+    f, gs = math.nan, None
+    finite_x0 = math.isfinite(reads.point(xs, None, (), [], x_only=True)["x"])
+    reason = None if finite_x0 else "nonfinite_x0"
+    unchecked = None  # the iterate before the latest step, while the step's x is unread
+    while reason is None:
+        if nit >= maxiter:
+            reason = "steps" if stochastic else "maxiter"
+            break
+        f_b, g_b = obj.batch(xs, sampler())
+        g_step = reads.coupled(xs, g_b)
+        check = None if unchecked is None else xs
+        got = reads.point(check, f_b, g_step, prepare(xs, g_step), at=xs)
+        if unchecked is not None:
+            if not math.isfinite(got["x"]):
+                xs, nit = unchecked, nit - 1
+                if is_am:
+                    betas.pop()
+                reason = "nonfinite"
+                break
+            unchecked = None
+        gnorm_b = gnorm_of(got["g"])
+        if not (math.isfinite(got["f"]) and math.isfinite(gnorm_b)):
+            reason = "nonfinite"
+            break
+        if gtol > 0 and gnorm_b <= gtol:
+            reason = "gtol"
+            break
+        new_xs, state, beta = take_step(xs, g_step, method_f(got["f"], got["sq"]), got["sums"])
+        if cb is not None and not math.isfinite(reads.point(new_xs, None, (), [], True)["x"]):
+            reason = "nonfinite"
+            break
+        unchecked = None if cb is not None else xs
+        xs, f = new_xs, got["f"]
+        nit += 1
+        if is_am:
+            betas.append(beta)
+        if cb is not None and _call_back(cb, layout, xs, f, None, nit, beta, is_am):
+            reason = "callback"
+    if unchecked is not None and not math.isfinite(reads.point(xs, None, (), [], True)["x"]):
+        xs, nit, reason = unchecked, nit - 1, "nonfinite"
+        if is_am:
+            betas.pop()
+    if obj.finite_sum:
+        # The result reports the full objective at the returned iterate.
+        f, gs = obj(xs)
+        f = read(xp, [f])[0]
+    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+
+
+def _call_back(cb, layout, xs, f, gs, nit, beta, is_am) -> bool:
+    """Call the callback with copies (what it does to them cannot change the run);
+    True when it raised ``StopIteration``."""
+    inter = OptimizeResult(x=layout.pack(layout.copy(xs)), fun=f, nit=nit)
+    if gs is not None:
+        inter["jac"] = layout.pack(layout.copy(gs))
+    if is_am:
+        inter["beta"] = _beta_to_numpy(beta)
+    try:
+        cb(inter)
+    except StopIteration:
+        return True
+    return False
 
 
 def _check_unknown_options(unknown: dict) -> None:

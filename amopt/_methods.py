@@ -78,6 +78,21 @@ _DOCS = {
 }
 
 # ----------------------------------------------------------------------------- steps
+
+
+class _Split(NamedTuple):
+    """An AM step cut at the rule, for device arrays (see :mod:`amopt._lazy._device`).
+
+    ``sums(xs, gs, state) -> (state, pending, sums)`` queues the reduce on the device
+    (``state`` None: the initial state); ``apply(xs, gs, f, state, pending, values)
+    -> (xs, state, beta)`` runs the rule on the host ``values`` of ``sums`` and queues
+    the update.
+    """
+
+    sums: Callable
+    apply: Callable
+
+
 # A step factory takes the method's options (given or default) and returns the core
 # step ``step(xs, gs, f, state) -> (xs, state, beta)`` and the keyword arguments of
 # ``_run`` that depend on the method: ``weight_decay`` is the decay that ``_run``
@@ -117,8 +132,16 @@ def _am_momentum(options: dict) -> tuple[Callable, dict]:
         state = _core.am_momentum_init(xs) if state is None else state
         return _core.am_momentum_step(xs, gs, state, lr=lr, f=f, config=config)
 
+    def sums(xs, gs, state):
+        state = _core.am_momentum_init(xs) if state is None else state
+        return (state, *_core.am_momentum_sums(xs, gs, state, config=config))
+
+    def apply(xs, gs, f, state, pending, values):
+        return _core.am_momentum_apply(xs, gs, state, pending, values, lr=lr, f=f, config=config)
+
     wd = _weight_decay(options)
-    return step, {"is_am": True, "weight_decay": wd, "decay_in_f": config.numerator == "exact"}
+    run = {"is_am": True, "weight_decay": wd, "decay_in_f": config.numerator == "exact"}
+    return step, run | {"split": _Split(sums, apply)}
 
 
 def _adam_options(options: dict) -> tuple[float, tuple[float, float], float, float]:
@@ -159,7 +182,18 @@ def _am_adam(options: dict) -> tuple[Callable, dict]:
         state = _core.am_adam_init(xs) if state is None else state
         return _core.am_adam_step(xs, gs, state, f=f, **hyper)
 
-    return step, {"is_am": True, "weight_decay": wd if l2 else 0.0}
+    sums_hyper = {k: hyper[k] for k in ("lr", "betas", "eps", "weight_decay", "config")}
+    apply_hyper = {k: hyper[k] for k in ("lr", "weight_decay", "weight_decay_mode", "config")}
+
+    def sums(xs, gs, state):
+        state = _core.am_adam_host_init(xs) if state is None else state
+        return (state, *_core.am_adam_sums(xs, gs, state, **sums_hyper))
+
+    def apply(xs, gs, f, state, pending, values):
+        return _core.am_adam_apply(state, pending, values, f=f, **apply_hyper)
+
+    run = {"is_am": True, "weight_decay": wd if l2 else 0.0}
+    return step, run | {"split": _Split(sums, apply)}
 
 
 # ----------------------------------------------------------------------------- methods

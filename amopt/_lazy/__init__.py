@@ -21,6 +21,11 @@ Here the loop keeps the cost of a step constant instead:
 imports nothing) unless the starting point holds dask arrays, recognised by
 ``array_api_compat.is_dask_array``. dask is an optional dependency
 (``pip install amopt[dask]``).
+
+Device arrays (CuPy, torch, any array library other than NumPy and dask) are
+deferred too: a value read on the host waits for the device's queue. Their loop
+(``amopt._loop._run_device``) reads a step's values in one transfer with
+:func:`amopt._lazy._device.read`. Nothing in this package imports the loop.
 """
 
 from __future__ import annotations

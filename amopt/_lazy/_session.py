@@ -146,12 +146,11 @@ def _max_abs(arrays: tuple) -> Any:
     return out
 
 
-def _lazy_scalar(f: Any, what: str) -> Any:
-    """The objective value as a 0-d dask array, or a float when it came back computed."""
+def _lazy_scalar(f: Any, what: str, scalar: Any) -> Any:
+    """The objective value as a 0-d dask array, or, checked by ``scalar`` (the loop's
+    check of a returned value), a float when it came back computed."""
     if not _is_dask(f):
-        from amopt._loop import _scalar
-
-        return _scalar(f, what)
+        return scalar(f, what)
     if math.prod(f.shape) != 1:
         raise ValueError(f"{what} must return a scalar; got an array of shape {f.shape}")
     if f.dtype.kind not in "iuf":
@@ -402,11 +401,11 @@ class LazySession:
             else:
                 what = "fun.batch_value_and_grad"
                 f, g = obj._pair(obj.fun.batch_value_and_grad(x, indices), what)
-            return _lazy_scalar(f, what), obj.layout.unpack(g, what)
+            return _lazy_scalar(f, what, obj.scalar), obj.layout.unpack(g, what)
         if obj.jac_is_true:
             f, g = obj._pair(obj.fun(x, *obj.args), "with jac=True, fun")
-            return _lazy_scalar(f, "fun"), obj.layout.unpack(g, "fun (jac=True)")
-        f = _lazy_scalar(obj.fun(x, *obj.args), "fun")
+            return _lazy_scalar(f, "fun", obj.scalar), obj.layout.unpack(g, "fun (jac=True)")
+        f = _lazy_scalar(obj.fun(x, *obj.args), "fun", obj.scalar)
         return f, obj.layout.unpack(obj.jac(x, *obj.args), "jac")
 
     def evaluate(self, arrays: tuple) -> tuple[float, tuple]:
