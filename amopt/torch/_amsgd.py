@@ -68,7 +68,7 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
 
 
 def _validate(group: dict[str, Any]) -> None:
-    check_lr(group["lr"], foreach=group["foreach"])
+    check_lr(group["lr"])  # a tensor lr on every path, as torch.optim.SGD takes one
     _config(group)
     check_group_flags(group, nonnegative=("weight_decay",))
 
@@ -106,8 +106,8 @@ class AMSGD(AMOptimizerBase):
         below can be set per group).
     lr : float or Tensor, default 1e-3
         Learning rate :math:`\eta \ge 0` (the default of ``torch.optim.SGD``). A
-        1-element tensor is accepted as in ``torch.optim.SGD``, except with
-        ``foreach=True`` (``ValueError``, as in ``torch.optim.Adam``).
+        1-element tensor is accepted on every implementation, as in ``torch.optim.SGD``
+        (its value is read when a step starts).
     lam : float, default 0.1
         Proximal regularisation :math:`\lambda \ge 0`; with :math:`\lambda > 0`
         the coefficient applied to :math:`d` is at least :math:`\lambda/(1+\lambda)`.
