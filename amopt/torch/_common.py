@@ -428,6 +428,96 @@ class Scratch:
         return views
 
 
+#: Run the device strategy of the foreach kernels (:func:`foreach_mode` ``"flat"``) on the
+#: CPU too: its structure (multi-tensor ops only, a number of them independent of the
+#: tensor count) is then observable where no GPU is.
+FORCE_DEVICE_STRATEGY = False
+
+
+def foreach_mode(device: torch.device, numel: int, *, half: bool, contiguous: bool) -> str:
+    """How the foreach kernels run over one (device, dtype) bucket of ``numel`` elements.
+
+    * ``"chunks"``: on the CPU when the bucket is larger than one chunk
+      (:func:`chunk_elements`), or holds half-precision tensors: every pass chunk by chunk
+      in cache-sized scratch buffers (:func:`chunks`, :class:`Scratch`);
+    * ``"lists"``: the tensors as they are, one multi-tensor op per pass and per-tensor
+      values as lists of 0-d tensors: a small CPU bucket, under ``torch.compile`` (the
+      compiler fuses the passes) and non-contiguous tensors elsewhere;
+    * ``"flat"`` (other devices): 1-D views of contiguous tensors, per-tensor values
+      spread over their elements (:class:`Flat`), so that every op takes the fast
+      multi-tensor route of the device (one kernel launch for the whole bucket; a list of
+      0-d tensors as an operand would take one launch per tensor).
+    """
+    if torch.compiler.is_compiling():
+        return "lists"
+    if device.type == "cpu" and not FORCE_DEVICE_STRATEGY:
+        size = chunk_elements(device, numel, 1)
+        return "chunks" if half or (size is not None and numel > size) else "lists"
+    return "flat" if contiguous else "lists"
+
+
+class Flat:
+    """The device strategy's view of a bucket: tensors as 1-D views, values spread.
+
+    Parameters
+    ----------
+    numels : list of int
+        Elements of each tensor of the bucket.
+    device : torch.device
+    """
+
+    def __init__(self, numels: list[int], device: torch.device) -> None:
+        self.numels, self.total, self.device = numels, sum(numels), device
+        self._counts: Tensor | None = None
+
+    @staticmethod
+    def views(tensors: Sequence[Tensor]) -> list[Tensor]:
+        """1-D views of contiguous tensors (metadata only: no kernel)."""
+        return [t.view(-1) for t in tensors]
+
+    def spread(self, values: Tensor) -> Tensor | list[Tensor]:
+        """Per-tensor ``values`` (shape ``(n,)``) as a list aligned with the 1-D views.
+
+        Each tensor's value repeated over its elements, in one kernel; a 0-d ``values``
+        is returned as it is (the one-tensor overload of the multi-tensor ops).
+        """
+        if values.dim() == 0:
+            return values
+        if self._counts is None:
+            self._counts = _device_counts(self.device, tuple(self.numels))
+        full = torch.repeat_interleave(values, self._counts, output_size=self.total)
+        return list(full.split(self.numels))
+
+    def empty(self, dtype: torch.dtype) -> list[Tensor]:
+        """Uninitialised 1-D tensors of the bucket's sizes in ``dtype`` (one allocation)."""
+        return list(torch.empty(self.total, dtype=dtype, device=self.device).split(self.numels))
+
+
+_COUNTS: dict[tuple[torch.device, tuple[int, ...]], Tensor] = {}
+
+
+def _device_counts(device: torch.device, numels: tuple[int, ...]) -> Tensor:
+    """``numels`` as an int64 tensor on ``device``, made once per layout.
+
+    Copied from the host the first time only (without waiting for the device), so that
+    a step captured in a CUDA graph after a warm-up step makes nothing on the host.
+    """
+    key = (device, numels)
+    counts = _COUNTS.get(key)
+    if counts is None:
+        if len(_COUNTS) >= 64:  # layouts of a few optimizers; forget the oldest
+            del _COUNTS[next(iter(_COUNTS))]
+        counts = torch.tensor(numels, dtype=torch.int64).to(device, non_blocking=True)
+        _COUNTS[key] = counts
+    return counts
+
+
+def piece_sums(results: Sequence[Sequence[Tensor]]) -> Tensor:
+    """``(k, n_pieces)``: the 0-d sums of ``k`` multi-tensor reductions, one op."""
+    flat = [r for res in results for r in res]
+    return torch.stack(flat).view(len(results), -1)
+
+
 def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -> Any:
     """``rule(torch, stacked rows, ...)``; row by row when scopes differ in accumulation dtype.
 
