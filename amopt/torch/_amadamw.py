@@ -768,6 +768,9 @@ def _single_tensor_am_adamw(
     return betas, out_prods
 
 
+_NEW_TENSORS = True
+
+
 class _AdamKernels:
     """The foreach reduce and apply kernels of one (device, dtype) bucket.
 
@@ -861,7 +864,7 @@ class _AdamKernels:
 
     def _new(self, k: int, name: str, a: list[Tensor], *args: Any, **kwargs: Any) -> list[Tensor]:
         """``torch._foreach_<name>(a, ...)``: in scratch buffer ``k`` (chunks) or new tensors."""
-        if self.op_scratch is None:
+        if self.op_scratch is None or _NEW_TENSORS:
             return list(getattr(torch, f"_foreach_{name}")(a, *args, **kwargs))
         out = self.op_scratch(k, a)
         torch._foreach_copy_(out, a)
@@ -880,6 +883,12 @@ class _AdamKernels:
             return [t.to(self.op) for t in tensors]
         torch._foreach_copy_(out, tensors)
         return out
+
+    def _dot(self, a: Tensor, b: Tensor) -> Tensor:
+        from amopt.torch._common import dot
+
+        out = dot(a, b)
+        return out if self.rd == self.op else out.to(self.rd)
 
     def _powsum(self, tensors: list[Tensor]) -> list[Tensor]:
         rd = None if self.rd == self.op else self.rd
@@ -903,6 +912,12 @@ class _AdamKernels:
         lam = self.lam
         a0, a1, a2, a3, a4 = weights
         cross = a3 != 0 or a4 != 0
+        signed = (a2, a3, a4)  # weights of <g/p, d>, <g, x>, <d, x>
+        if self.mode == "chunks":  # each a dot product
+            signed_w = [a_k for a_k in signed if a_k != 0]
+        else:  # polarised pairs
+            m = int(a2 != 0) + int(cross)
+            signed_w = [0.25] * m + [-0.25] * m
         # the squared sums of each piece, in this order: A, [P+ (2), P- (2)], D, g w, d w, B
         parts, owner_ids = [], []
         for chunk in self.chunks:
@@ -914,7 +929,12 @@ class _AdamKernels:
             s = self._new(1, "rsqrt", p)  # 1 / sqrt(p)
             gs_, ds_ = self._new(2, "mul", g, s), self._new(3, "mul", d, s)
             res = [self._powsum(gs_)]  # A
-            if a2 != 0 or cross:
+            if self.mode == "chunks":  # pieces in cache: a dot product reads them once more
+                x = self._in(9, xs) if cross else xs
+                for a_k, (u_, v_) in zip(signed, ((gs_, ds_), (g, x), (d, x)), strict=True):
+                    if a_k != 0:
+                        res.append([self._dot(ui, vi) for ui, vi in zip(u_, v_, strict=True)])
+            elif a2 != 0 or cross:  # polarised: (|P+|^2 - |P-|^2) / 4
                 plus: list[Tensor] = []
                 if a2 != 0:
                     pair = self._new(4, "add", gs_, ds_, alpha=a2)
@@ -949,11 +969,10 @@ class _AdamKernels:
         if len(owner_ids) != self.n:  # tensors cut into pieces: add the pieces up
             index = torch.tensor(owner_ids, device=sums.device)
             sums = sums.new_zeros(sums.shape[0], self.n).index_add_(1, index, sums)
-        m = int(a2 != 0) + int(cross)  # pairs polarised
         num = sums[0] if a0 == 1.0 else a0 * sums[0]
-        if m:
-            num = num + 0.25 * (sums[1 : 1 + m].sum(0) - sums[1 + m : 1 + 2 * m].sum(0))
-        k = 1 + 2 * m
+        for j, a_j in enumerate(signed_w, start=1):
+            num = num + a_j * sums[j]
+        k = 1 + len(signed_w)
         den, wg, wd_, b = sums[k], sums[k + 1], sums[k + 2], sums[k + 3]
         if lam != 0:
             num = num + a1 * b

@@ -512,6 +512,26 @@ def _device_counts(device: torch.device, numels: tuple[int, ...]) -> Tensor:
     return counts
 
 
+def range_safe_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
+    """``[sum(t * t) for t in tensors]`` in float64, squared in the scratch ``buffers``.
+
+    Each ``|t|`` is copied into its buffer (the scratch of a chunk, in the cache) and
+    scaled by the power of two that brings its largest entry into ``[0.5, 1)`` (the
+    scale clamped to float32's normal range): exact, so that the float32 squares of any
+    ``t`` neither underflow nor overflow (:func:`wide_dtype` says why that matters);
+    the sums, taken in the buffers' dtype, are scaled back in float64. Converting each
+    piece to float64 instead costs several times as much on the CPU.
+    """
+    torch._foreach_copy_(buffers, tensors)
+    torch._foreach_abs_(buffers)
+    largest = torch.stack(torch._foreach_max(buffers))
+    exponent = torch.frexp(largest)[1].clamp(-125, 125)
+    scale = torch.ldexp(torch.ones_like(largest), -exponent)
+    torch._foreach_mul_(buffers, list(scale.unbind()))
+    sums = torch.stack(foreach_sqsum(buffers, buffers[0].dtype))
+    return torch.ldexp(sums.to(torch.float64), 2 * exponent)
+
+
 def piece_sums(results: Sequence[Sequence[Tensor]]) -> Tensor:
     """``(k, n_pieces)``: the 0-d sums of ``k`` multi-tensor reductions, one op."""
     flat = [r for res in results for r in res]
