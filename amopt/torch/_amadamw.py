@@ -916,9 +916,9 @@ class _AdamKernels:
         if self.mode == "chunks":  # each a dot product
             signed_w = [a_k for a_k in signed if a_k != 0]
         else:  # polarised pairs
-            m = int(a2 != 0) + int(cross)
-            signed_w = [0.25] * m + [-0.25] * m
-        # the squared sums of each piece, in this order: A, [P+ (2), P- (2)], D, g w, d w, B
+            signed_w = [0.25, -0.25] * (int(a2 != 0) + int(cross))
+        # the sums of each piece, in this order: A, the signed sums (dot products, or
+        # |P+|^2 and |P-|^2 of each pair), D, |g sqrt(w)|^2, |d sqrt(w)|^2, B
         parts, owner_ids = [], []
         for chunk in self.chunks:
             owners, (xs, gs, ds, vs) = self._pieces(chunk)
@@ -927,6 +927,11 @@ class _AdamKernels:
             p = self._precondition(owners, vs)
             g, d = self._in(7, gs), self._in(8, ds)
             s = self._new(1, "rsqrt", p)  # 1 / sqrt(p)
+            if lam != 0:
+                su = self._new(4, "mul", p, lam)
+                torch._foreach_add_(su, 1.0)
+                torch._foreach_rsqrt_(su)  # sqrt(u)
+            del p  # whole tensors: fewer parameter-sized temporaries alive at once
             gs_, ds_ = self._new(2, "mul", g, s), self._new(3, "mul", d, s)
             res = [self._powsum(gs_)]  # A
             if self.mode == "chunks":  # pieces in cache: a dot product reads them once more
@@ -934,28 +939,24 @@ class _AdamKernels:
                 for a_k, (u_, v_) in zip(signed, ((gs_, ds_), (g, x), (d, x)), strict=True):
                     if a_k != 0:
                         res.append([self._dot(ui, vi) for ui, vi in zip(u_, v_, strict=True)])
-            elif a2 != 0 or cross:  # polarised: (|P+|^2 - |P-|^2) / 4
-                plus: list[Tensor] = []
+            else:  # polarised pairs, one after the other: (|P+|^2 - |P-|^2) / 4
                 if a2 != 0:
-                    pair = self._new(4, "add", gs_, ds_, alpha=a2)
-                    plus.append(pair)
+                    pair = self._new(5, "add", gs_, ds_, alpha=a2)
+                    res.append(self._powsum(pair))
+                    torch._foreach_sub_(pair, ds_, alpha=2 * a2)
+                    res.append(self._powsum(pair))
+                    del pair
                 if cross:
                     xsp = self._new(5, "div", self._in(9, xs), s)  # x sqrt(p)
                     z = self._new(6, "mul", gs_, a3)  # (a3 g + a4 d) / sqrt(p)
                     torch._foreach_add_(z, ds_, alpha=a4)
                     torch._foreach_add_(xsp, z)
-                    plus.append(xsp)
-                res += [self._powsum(t) for t in plus]
-                if a2 != 0:
-                    torch._foreach_sub_(plus[0], ds_, alpha=2 * a2)
-                if cross:
-                    torch._foreach_sub_(plus[-1], z, alpha=2)
-                res += [self._powsum(t) for t in plus]
-            y = self._new(5, "sub", ds_, gs_)  # (d - g) / sqrt(p)
+                    res.append(self._powsum(xsp))
+                    torch._foreach_sub_(xsp, z, alpha=2)
+                    res.append(self._powsum(xsp))
+                    del xsp, z
+            y = self._new(6, "sub", ds_, gs_)  # (d - g) / sqrt(p)
             if lam != 0:
-                su = self._new(6, "mul", p, lam)
-                torch._foreach_add_(su, 1.0)
-                torch._foreach_rsqrt_(su)  # sqrt(u)
                 for t in (y, gs_, ds_):
                     torch._foreach_mul_(t, su)  # (d - g) sqrt(w), g sqrt(w), d sqrt(w)
                 res += [self._powsum(y), self._powsum(gs_), self._powsum(ds_)]
