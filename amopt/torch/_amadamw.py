@@ -142,9 +142,10 @@ class AMAdamW(AMOptimizerBase):
     maximize : bool, default False
         Maximise the objective.
     foreach : bool or None, default None
-        ``True``: the multi-tensor (``torch._foreach_*``) implementation, run
-        chunk by chunk in scratch buffers the size of a chunk (no temporary the
-        size of the parameters; on the CPU the chunks stay in the cache);
+        ``True``: the multi-tensor (``torch._foreach_*``) implementation: on the
+        CPU chunk by chunk in cache-sized scratch buffers (no temporary the size of
+        the parameters), on other devices whole-tensor multi-tensor ops, as many
+        kernel launches per step whatever the number of tensors;
         ``False``: the single-tensor reference. Same iterates up to float rounding.
     fused : bool or None, default None
         Fused kernels: on the CPU, C kernels making two passes over memory per
