@@ -195,6 +195,21 @@ def test_device_strategy_matches_single_tensor(case, device_strategy):
     np.testing.assert_allclose(betas_m, betas_s, rtol=tol, atol=tol)
 
 
+@pytest.fixture
+def cpu_chunks(monkeypatch):
+    """CPU chunks of 100 elements: the 256-element tensors below are cut into pieces."""
+    monkeypatch.setattr(common, "CPU_CHUNK", 100)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+
+
+@pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])
+@pytest.mark.parametrize("scale", beta_scale.SCALES)
+def test_cpu_chunks_betas_are_scale_invariant(scale, per_layer, cpu_chunks):
+    """AMSGD's chunks square in float32, summed again scaled where that would under- or
+    overflow: beta is that of the unscaled data."""
+    test_device_strategy_betas_are_scale_invariant(scale, per_layer, None)
+
+
 @pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])
 @pytest.mark.parametrize("scale", beta_scale.SCALES)
 def test_device_strategy_betas_are_scale_invariant(scale, per_layer, device_strategy):

@@ -622,8 +622,8 @@ def _multi_tensor_amsgd(
         Scratch,
         chunk_elements,
         chunks,
+        cpu_sqsums,
         foreach_mode,
-        range_safe_sqsums,
     )
 
     params, grads, momentum_buffer_list, state_steps = t
@@ -640,8 +640,8 @@ def _multi_tensor_amsgd(
 
     # reduce, per (device, dtype) bucket: g, d = g on the first step, v = d - g, and the
     # sums <v,v>, <g,g>, <d,d> of each tensor as the rows of a (3, n_bucket) tensor; in the
-    # bucket's foreach_mode: chunk by chunk on the CPU (squares in float32 scaled by powers
-    # of two, range_safe_sqsums), else whole tensors, squares in float64 (wide_dtype)
+    # bucket's foreach_mode: chunk by chunk on the CPU (squares in float32 where that is
+    # safe, cpu_sqsums), else whole tensors, squares in float64 (wide_dtype)
     buckets = []
     for (dev_params_, dev_grads_, dev_bufs_, dev_steps_), indices in grouped.values():
         dev_params = list(dev_params_)
@@ -681,9 +681,9 @@ def _multi_tensor_amsgd(
             owners = [i for i, _ in chunk]
             _, gs, ds = [list(ts) for ts in zip(*(part for _, part in chunk), strict=True)]
             if mode == "chunks":
-                gd = range_safe_sqsums(gs + ds, kit(0, gs) + kit(1, ds))
+                gd = cpu_sqsums(gs + ds, kit(0, gs) + kit(1, ds))
                 torch._foreach_sub_(ds, gs)  # the buffers now hold v = d - g
-                vv = range_safe_sqsums(ds, kit(0, ds))
+                vv = cpu_sqsums(ds, kit(0, ds))
                 parts.append(torch.cat([vv, gd]).view(3, -1))
             else:  # squares in float64: no underflow, no overflow
                 wide = wide_dtype(device)
