@@ -672,7 +672,8 @@ def _multi_tensor_amsgd(
             lists = [Flat.views(ts) for ts in lists]
             pieces = [list(enumerate(zip(*lists, strict=True)))]
         elif mode == "chunks":
-            pieces = chunks(lists, chunk_elements(device, sum(numels), 3))
+            # four times the chunks of AM-Adam's many passes: fewer ops, still in cache
+            pieces = chunks(lists, 4 * chunk_elements(device, sum(numels), 3))
             kit = Scratch(pieces, op)
         else:
             pieces = [list(enumerate(zip(*lists, strict=True)))]

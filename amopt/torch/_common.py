@@ -543,7 +543,7 @@ def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
 
     Float32 (and float64) data is squared and summed in its own dtype, half precision
     in float32; pieces whose sum leaves :data:`_SAFE_SQSUM` (about ``|t|`` below 1e-15
-    or above 1e18, all zero, or not finite) are summed again by
+    or above 1e18, or not finite; zero pieces are checked for zeros) are summed again by
     :func:`range_safe_sqsums` in ``buffers``. The test is a read of CPU values (no
     device involved); squaring in float64 costs about five times as much.
     """
@@ -553,6 +553,11 @@ def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
     sums = torch.stack(foreach_sqsum(tensors, None if dtype == torch.float32 else torch.float32))
     lo, hi = _SAFE_SQSUM
     ok = ((sums >= lo) & (sums <= hi)).tolist()
+    zero = [k for k, s in enumerate(sums.tolist()) if s == 0.0]
+    if zero:  # all zeros (v = d - g of an unchanged gradient), or squares underflowed?
+        nonzero = torch.stack([tensors[k].any() for k in zero]).tolist()
+        for k, any_nonzero in zip(zero, nonzero, strict=True):
+            ok[k] = not any_nonzero
     sums = sums.to(torch.float64)
     redo = [k for k, good in enumerate(ok) if not good]
     if redo:
