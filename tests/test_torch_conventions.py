@@ -138,8 +138,30 @@ def test_functional_forms_take_a_tensor_lr():
     assert torch.equal(ys[0], ys[1])
 
 
-@pytest.mark.parametrize("cls", CLASSES, ids=_ids)
+@pytest.mark.parametrize("impl", ["foreach", "single", "fused", "default"])
+def test_amsgd_takes_a_tensor_lr_on_every_path_as_torch_sgd(impl):
+    """torch.optim.SGD takes a tensor lr with foreach=True too; so does AMSGD, on every path,
+    following a scheduler that fills the tensor in place."""
+
+    def sched(opt):
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    torch.optim.SGD(_model().parameters(), lr=torch.tensor(0.01), momentum=0.9, foreach=True)
+    floats = _train(AMSGD, {"lr": 0.02, **IMPLS[impl]}, scheduler=sched)
+    lr = torch.tensor([0.02], dtype=torch.float64)
+    tensors = _train(AMSGD, {"lr": lr, **IMPLS[impl]}, scheduler=sched)
+    assert tensors[1].param_groups[0]["lr"] is lr and float(lr) == 0.02 * 0.5**5
+    _assert_same_run(tensors, floats)
+    xs = [torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64) for _ in range(2)]
+    g = torch.tensor([0.5, 0.25, -1.0], dtype=torch.float64)
+    for x, lr in zip(xs, (0.1, torch.tensor(0.1, dtype=torch.float64)), strict=True):
+        amsgd([x], [g], [None], [torch.tensor(0.0)], lr=lr, **IMPLS[impl])
+    assert torch.equal(xs[0], xs[1])
+
+
+@pytest.mark.parametrize("cls", [AMAdamW, AMAdam], ids=_ids)
 def test_tensor_lr_with_foreach_in_a_param_group_is_a_value_error(cls):
+    """As in torch.optim.AdamW, which needs capturable=True for it."""
     params = list(_model().parameters())
     opt = cls(params[:2], lr=0.01)
     with pytest.raises(ValueError, match="lr as a Tensor is not supported for capturable=False"):

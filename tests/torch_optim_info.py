@@ -267,12 +267,6 @@ def _sgd_errors() -> tuple[ErrorInput, ...]:
             r"Tensor lr must be 1-element; got lr=tensor\(\[0\.1000, 0\.1000\]\) with 2 elements",
         ),
         ErrorInput(
-            "tensor lr with foreach",
-            {"lr": torch.tensor(0.1), "foreach": True},
-            ValueError,
-            r"lr as a Tensor is not supported for capturable=False and foreach=True",
-        ),
-        ErrorInput(
             "negative tensor lr",
             {"lr": torch.tensor(-0.5)},
             ValueError,

@@ -33,7 +33,6 @@ from amopt.torch._common import (
     chunk_elements,
     chunks,
     default_path,
-    dot,
     new_step,
     real_dtype,
     rule_by_rows,
@@ -144,9 +143,10 @@ class AMAdamW(AMOptimizerBase):
     maximize : bool, default False
         Maximise the objective.
     foreach : bool or None, default None
-        ``True``: the multi-tensor (``torch._foreach_*``) implementation, run
-        chunk by chunk in scratch buffers the size of a chunk (no temporary the
-        size of the parameters; on the CPU the chunks stay in the cache);
+        ``True``: the multi-tensor (``torch._foreach_*``) implementation: on the
+        CPU chunk by chunk in cache-sized scratch buffers (no temporary the size of
+        the parameters), on other devices whole-tensor multi-tensor ops, as many
+        kernel launches per step whatever the number of tensors;
         ``False``: the single-tensor reference. Same iterates up to float rounding.
     fused : bool or None, default None
         Fused kernels: on the CPU, C kernels making two passes over memory per
@@ -770,163 +770,237 @@ def _single_tensor_am_adamw(
     return betas, out_prods
 
 
+_NEW_TENSORS = True
+
+
 class _AdamKernels:
-    """The foreach reduce and apply kernels of one (device, dtype) bucket, chunk by chunk.
+    """The foreach reduce and apply kernels of one (device, dtype) bucket.
 
-    The bucket's tensors are cut into chunks (:func:`~amopt.torch._common.chunks`);
-    every elementwise pass runs on one chunk at a time, in a few scratch buffers the
-    size of a chunk (:class:`~amopt.torch._common.Scratch`), so that a step allocates
-    no parameter-sized temporary and, on the CPU, each chunk's passes run in the
-    cache. ``p`` is formed again in the apply pass rather than kept.
+    They run in the bucket's :func:`~amopt.torch._common.foreach_mode`: on the CPU chunk
+    by chunk in cache-sized scratch buffers (:func:`~amopt.torch._common.chunks`,
+    :class:`~amopt.torch._common.Scratch`; no parameter-sized temporary), or over whole
+    tensors, one multi-tensor op per pass (a small CPU bucket, ``torch.compile``), or on
+    other devices over 1-D views with per-tensor values spread over the elements
+    (:class:`~amopt.torch._common.Flat`), so that each pass is one kernel launch whatever
+    the tensor count. ``p`` is formed again in the apply pass rather than kept.
 
-    The sums come from dot products of two vectors each, in the reduce dtype ``rd``:
-    with ``G = g / p``, ``y = d - g``, ``u = 1 / (1 + lam p)``,
+    Every sum is a multi-tensor sum of squares (``torch._foreach_powsum``), with
+    ``s = 1 / sqrt(p)``, ``y = d - g``, ``u = 1 / (1 + lam p)`` and ``w = u / p``:
 
-    ``A = <G, g>`` (``g*g/p``), ``C = <G, d>`` (``g*d/p``), ``E = <g, x>``,
-    ``F = <d, x>``, ``B = <u y, y>`` (``u*(d-g)^2``), ``R_g = <u G, g>`` (``w g^2``),
-    ``D = <w y, y>`` (``w (d-g)^2``) and ``K = <w y, g>``,
-
-    and the rows ``num = sum_k a_k term_k`` (weights of :func:`amopt._rule.adam_weights`),
-    ``den = D`` and ``ref = sum(w d^2) + sum(w g^2) = D + 2 K + 2 R_g`` (``d = y + g``;
-    rounding ``O(eps ref)`` since ``|K| <= (D + R_g) / 2``). Each product pairs a ratio
-    of size ``O(1)`` (``g / p``, ``u g / p``, ``w y``, with ``p ~ |g|``) with ``g``,
-    ``d`` or ``y``, or is linear in the gradient (``g x``, ``d x``), so no term leaves
-    the float32 range where ``g`` itself is in it (``g * g`` would below about 1e-19
-    and above about 1e19). ``u y * y`` may underflow for tiny gradients, where its
-    weight ``lam`` times ``p ~ |g|`` makes it negligible next to ``g*g/p``.
+    ``A = |g s|^2`` (``g*g/p``), ``B = |y sqrt(u)|^2`` (``u (d-g)^2``), ``D = |y s
+    sqrt(u)|^2`` (``w (d-g)^2``) and ``ref = |d s sqrt(u)|^2 + |g s sqrt(u)|^2``
+    (``w d^2 + w g^2``); the signed terms of the numerator by polarisation,
+    ``a2 <g, d>/p + <x, a3 g + a4 d> = (|P+|^2 - |P-|^2) / 4`` with the pairs
+    ``P+- = (g s +- a2 d s, x / s +- (a3 g + a4 d) s)``. Each squared value is of the
+    size of ``sqrt(|g|)`` (``p ~ |g|``), so no square leaves the float32 range where ``g``
+    is in it (``g * g`` would below about 1e-19 and above about 1e19); ``y sqrt(u)`` may
+    underflow for tiny gradients, where its weight ``lam`` times ``p ~ |g|`` makes it
+    negligible next to ``g*g/p``. The two halves of each pair are of one size
+    (``x sqrt(p)`` and ``z / sqrt(p)`` both scale as ``sqrt(|g|)``), so the polarisation
+    loses about what a dot product's own rounding does.
     """
 
     def __init__(
         self,
         lists: tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]],
-        c: list[Tensor],
+        c: Tensor,
         roots: list[Tensor],
         *,
         eps: float,
         lam: float,
         reduce_dtype: torch.dtype,
     ) -> None:
-        xs, gs = lists[0], lists[1]
+        from amopt.torch._common import Flat, foreach_mode, foreach_sqsum, piece_sums
+
+        self._sqsum, self._piece_sums = foreach_sqsum, piece_sums
+
+        gs = lists[1]
         self.dtype = gs[0].dtype
         self.op = accumulation_dtype([self.dtype])  # elementwise: float32 for half precision
         self.rd = reduce_dtype
-        n_scratch = 4 + (3 if self.dtype != self.op else 0) + (4 if self.rd != self.op else 0)
-        size = chunk_elements(gs[0].device, sum(t.numel() for t in xs), n_scratch)
-        self.chunks = chunks(lists, size)
-        self.c, self.roots, self.eps, self.lam = c, roots, eps, lam
-        self.op_scratch = Scratch(self.chunks, self.op)
-        self.rd_scratch = self.op_scratch if self.rd == self.op else Scratch(self.chunks, self.rd)
+        self.device = gs[0].device
+        self.n = len(gs)
+        numels = [t.numel() for t in gs]
+        contiguous = all(t.is_contiguous() for ts in lists for t in ts)
+        self.mode = foreach_mode(
+            self.device, sum(numels), half=self.dtype != self.op, contiguous=contiguous
+        )
+        self.eps, self.lam = eps, lam
+        self.flat: Any = None
+        self.op_scratch: Scratch | None = None
+        if self.mode == "chunks":
+            n_scratch = 7 + (3 if self.dtype != self.op else 0)
+            size = chunk_elements(self.device, sum(numels), n_scratch)
+            self.chunks = chunks(lists, size)
+            self.op_scratch = Scratch(self.chunks, self.op)
+        elif self.mode == "flat":
+            self.flat = Flat(numels, self.device)
+            self.chunks = [list(enumerate(zip(*(Flat.views(ts) for ts in lists), strict=True)))]
+        else:
+            self.chunks = [list(enumerate(zip(*lists, strict=True)))]
+        self.c = self._values(c)
+        self.roots = self._values(roots)
+
+    def _values(self, values: Tensor | list[Tensor]) -> Any:
+        """Per-tensor values as the operands of this mode: 0-d tensors, or spread."""
+        if self.mode != "flat":
+            if isinstance(values, Tensor):
+                return values if values.dim() == 0 else list(values.unbind())
+            return values
+        if not isinstance(values, Tensor):
+            values = torch.stack(values)
+        values = values.to(device=self.device, dtype=self.op, non_blocking=True)
+        return self.flat.spread(values)
+
+    def _of(self, values: Any, owners: list[int]) -> Any:
+        """``values`` for the pieces of a chunk (owned by the tensors ``owners``)."""
+        if isinstance(values, Tensor) or self.mode == "flat":
+            return values
+        return [values[i] for i in owners]
 
     def _pieces(self, chunk: list[Piece]) -> tuple[list[int], list[list[Tensor]]]:
         owners = [i for i, _ in chunk]
         return owners, [list(ts) for ts in zip(*(part for _, part in chunk), strict=True)]
 
-    def _in(self, scratch: Scratch, k: int, tensors: list[Tensor]) -> list[Tensor]:
-        """``tensors`` in the scratch dtype: themselves, or a copy in buffer ``k``."""
-        if tensors[0].dtype == scratch.dtype:
+    # one op per pass: into a scratch buffer (chunks) or a new tensor per input
+
+    def _new(self, k: int, name: str, a: list[Tensor], *args: Any, **kwargs: Any) -> list[Tensor]:
+        """``torch._foreach_<name>(a, ...)``: in scratch buffer ``k`` (chunks) or new tensors."""
+        if self.op_scratch is None or _NEW_TENSORS:
+            return list(getattr(torch, f"_foreach_{name}")(a, *args, **kwargs))
+        out = self.op_scratch(k, a)
+        torch._foreach_copy_(out, a)
+        getattr(torch, f"_foreach_{name}_")(out, *args, **kwargs)
+        return out
+
+    def _in(self, k: int, tensors: list[Tensor]) -> list[Tensor]:
+        """``tensors`` in the elementwise dtype: themselves, or a copy."""
+        if tensors[0].dtype == self.op:
             return tensors
-        out = scratch(k, tensors)
+        if self.op_scratch is not None:
+            out = self.op_scratch(k, tensors)
+        elif self.flat is not None:
+            out = self.flat.empty(self.op)
+        else:
+            return [t.to(self.op) for t in tensors]
         torch._foreach_copy_(out, tensors)
         return out
 
+    def _dot(self, a: Tensor, b: Tensor) -> Tensor:
+        from amopt.torch._common import dot
+
+        out = dot(a, b)
+        return out if self.rd == self.op else out.to(self.rd)
+
+    def _powsum(self, tensors: list[Tensor]) -> list[Tensor]:
+        rd = None if self.rd == self.op else self.rd
+        return self._sqsum(tensors, rd)
+
     def _precondition(self, owners: list[int], vs: list[Tensor]) -> list[Tensor]:
         """Step 3, ``p = c (eps + sqrt(v) / sqrt(1 - beta2^t))``, in the elementwise dtype."""
-        p = self.op_scratch(0, vs)
-        torch._foreach_copy_(p, vs)
-        if vs[0].dtype != self.op:  # half precision: an overflowed v = inf saturates
+        if vs[0].dtype == self.op:
+            p = self._new(0, "sqrt", vs)  # sqrt(v) first: v / (1 - beta2^t) may overflow
+        else:  # half precision: an overflowed v = inf saturates
+            p = self._in(0, vs)
             torch._foreach_clamp_max_(p, torch.finfo(vs[0].dtype).max)
-        torch._foreach_sqrt_(p)  # sqrt(v) first: v / (1 - beta2^t) may overflow
-        torch._foreach_div_(p, [self.roots[i] for i in owners])
+            torch._foreach_sqrt_(p)
+        torch._foreach_div_(p, self._of(self.roots, owners))
         torch._foreach_add_(p, self.eps)
-        torch._foreach_mul_(p, [self.c[i] for i in owners])
+        torch._foreach_mul_(p, self._of(self.c, owners))
         return p
 
     def reduce(self, beta2: float, weights: tuple[float, ...]) -> Tensor:
         """Steps 1, 3 and 4: updates ``v``; the sums ``(num, den, ref)`` of each tensor."""
-        lam, rd_scr = self.lam, self.rd_scratch
+        lam = self.lam
         a0, a1, a2, a3, a4 = weights
-        parts: dict[int, list[Tensor]] = {}
+        cross = a3 != 0 or a4 != 0
+        signed = (a2, a3, a4)  # weights of <g/p, d>, <g, x>, <d, x>
+        if self.mode == "chunks":  # each a dot product
+            signed_w = [a_k for a_k in signed if a_k != 0]
+        else:  # polarised pairs
+            signed_w = [0.25, -0.25] * (int(a2 != 0) + int(cross))
+        # the sums of each piece, in this order: A, the signed sums (dot products, or
+        # |P+|^2 and |P-|^2 of each pair), D, |g sqrt(w)|^2, |d sqrt(w)|^2, B
+        parts, owner_ids = [], []
         for chunk in self.chunks:
             owners, (xs, gs, ds, vs) = self._pieces(chunk)
             torch._foreach_mul_(vs, beta2)  # step 1
             torch._foreach_addcmul_(vs, gs, gs, 1 - beta2)
             p = self._precondition(owners, vs)
-            p, g, d, x = (
-                self._in(rd_scr, 4, p),
-                *(self._in(rd_scr, k, ts) for k, ts in ((5, gs), (6, ds), (7, xs))),
-            )
-            ratio, y, wy = rd_scr(1, gs), rd_scr(2, gs), rd_scr(3, gs)
-            torch._foreach_copy_(ratio, g)
-            torch._foreach_div_(ratio, p)  # g / p
-            torch._foreach_copy_(y, d)
-            torch._foreach_sub_(y, g)  # y = d - g
-            cols: list[list[Tensor]] = []
-            for j in range(len(chunk)):
-                row = [dot(ratio[j], g[j])]  # A
-                if a2 != 0:
-                    row.append(dot(ratio[j], d[j]))  # C
-                if a3 != 0:
-                    row.append(dot(g[j], x[j]))  # E
-                if a4 != 0:
-                    row.append(dot(d[j], x[j]))  # F
-                cols.append(row)
+            g, d = self._in(7, gs), self._in(8, ds)
+            s = self._new(1, "rsqrt", p)  # 1 / sqrt(p)
             if lam != 0:
-                torch._foreach_copy_(wy, p)
-                torch._foreach_mul_(wy, lam)
-                torch._foreach_add_(wy, 1.0)
-                torch._foreach_reciprocal_(wy)  # u
-                torch._foreach_mul_(ratio, wy)  # u g / p = w g
-                torch._foreach_mul_(wy, y)  # u y
-                for j, row in enumerate(cols):
-                    row += [dot(wy[j], y[j]), dot(ratio[j], g[j])]  # B, R_g
-                torch._foreach_div_(wy, p)  # w y
-            else:  # u = 1, w = 1/p: R_g = A, and B has weight -lam = 0
-                torch._foreach_copy_(wy, y)
-                torch._foreach_div_(wy, p)
-            for j, row in enumerate(cols):
-                row += [dot(wy[j], y[j]), dot(wy[j], g[j])]  # D, K
-                parts.setdefault(owners[j], []).append(torch.stack(row))
-        sums = torch.stack(
-            [ps[0] if len(ps) == 1 else torch.stack(ps).sum(0) for ps in parts.values()]
-        )
-        k = 1
-        num = sums[:, 0] if a0 == 1.0 else a0 * sums[:, 0]
-        for a_k in (a2, a3, a4):
-            if a_k != 0:
-                num = num + a_k * sums[:, k]
-                k += 1
+                su = self._new(4, "mul", p, lam)
+                torch._foreach_add_(su, 1.0)
+                torch._foreach_rsqrt_(su)  # sqrt(u)
+            del p  # whole tensors: fewer parameter-sized temporaries alive at once
+            gs_, ds_ = self._new(2, "mul", g, s), self._new(3, "mul", d, s)
+            res = [self._powsum(gs_)]  # A
+            if self.mode == "chunks":  # pieces in cache: a dot product reads them once more
+                x = self._in(9, xs) if cross else xs
+                for a_k, (u_, v_) in zip(signed, ((gs_, ds_), (g, x), (d, x)), strict=True):
+                    if a_k != 0:
+                        res.append([self._dot(ui, vi) for ui, vi in zip(u_, v_, strict=True)])
+            else:  # polarised pairs, one after the other: (|P+|^2 - |P-|^2) / 4
+                if a2 != 0:
+                    pair = self._new(5, "add", gs_, ds_, alpha=a2)
+                    res.append(self._powsum(pair))
+                    torch._foreach_sub_(pair, ds_, alpha=2 * a2)
+                    res.append(self._powsum(pair))
+                    del pair
+                if cross:
+                    xsp = self._new(5, "div", self._in(9, xs), s)  # x sqrt(p)
+                    z = self._new(6, "mul", gs_, a3)  # (a3 g + a4 d) / sqrt(p)
+                    torch._foreach_add_(z, ds_, alpha=a4)
+                    torch._foreach_add_(xsp, z)
+                    res.append(self._powsum(xsp))
+                    torch._foreach_sub_(xsp, z, alpha=2)
+                    res.append(self._powsum(xsp))
+                    del xsp, z
+            y = self._new(6, "sub", ds_, gs_)  # (d - g) / sqrt(p)
+            if lam != 0:
+                for t in (y, gs_, ds_):
+                    torch._foreach_mul_(t, su)  # (d - g) sqrt(w), g sqrt(w), d sqrt(w)
+                res += [self._powsum(y), self._powsum(gs_), self._powsum(ds_)]
+                torch._foreach_div_(y, s)  # (d - g) sqrt(u)
+                res.append(self._powsum(y))
+            else:  # u = 1, w = 1/p; B has weight -lam = 0
+                res += [self._powsum(y), res[0], self._powsum(ds_), res[0]]
+            parts.append(self._piece_sums(res))
+            owner_ids += owners
+        sums = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        if len(owner_ids) != self.n:  # tensors cut into pieces: add the pieces up
+            index = torch.tensor(owner_ids, device=sums.device)
+            sums = sums.new_zeros(sums.shape[0], self.n).index_add_(1, index, sums)
+        num = sums[0] if a0 == 1.0 else a0 * sums[0]
+        for j, a_j in enumerate(signed_w, start=1):
+            num = num + a_j * sums[j]
+        k = 1 + len(signed_w)
+        den, wg, wd_, b = sums[k], sums[k + 1], sums[k + 2], sums[k + 3]
         if lam != 0:
-            num = num + a1 * sums[:, k]
-            r_g = sums[:, k + 1]
-            k += 2
-        else:
-            r_g = sums[:, 0]
-        den, cross = sums[:, k], sums[:, k + 1]
-        return torch.stack([num, den, den + 2.0 * cross + 2.0 * r_g], -1)
+            num = num + a1 * b
+        return torch.stack([num, den, wd_ + wg], -1)
 
-    def apply(
-        self, one_minus_beta: list[Tensor], *, lr: float, weight_decay: float, mode: str
-    ) -> None:
+    def apply(self, one_minus_beta: Tensor, *, lr: float, weight_decay: float, mode: str) -> None:
         """Steps 6 and 7 with ``1 - beta`` of each tensor, in the elementwise dtype.
 
         ``d = g + (beta + lam p)/(1 + lam p) (d - g)`` is ``lerp(d, g, (1 - beta) u)``.
         """
-        scr = self.op_scratch
+        omb = self._values(one_minus_beta)
         for chunk in self.chunks:
             owners, (xs, gs, ds, vs) = self._pieces(chunk)
             p = self._precondition(owners, vs)
-            g, d, x = (self._in(scr, k, ts) for k, ts in ((5, gs), (6, ds), (7, xs)))
-            weight = scr(1, gs)
+            g, d, x = self._in(7, gs), self._in(8, ds), self._in(9, xs)
             if self.lam != 0:
-                torch._foreach_copy_(weight, p)
-                torch._foreach_mul_(weight, self.lam)
+                weight = self._new(1, "mul", p, self.lam)
                 torch._foreach_add_(weight, 1.0)
                 torch._foreach_reciprocal_(weight)  # u
-                torch._foreach_mul_(weight, [one_minus_beta[i] for i in owners])
+                torch._foreach_mul_(weight, self._of(omb, owners))
+                torch._foreach_lerp_(d, g, weight)  # step 6
             else:
-                torch._foreach_zero_(weight)
-                torch._foreach_add_(weight, [one_minus_beta[i] for i in owners])
-            torch._foreach_lerp_(d, g, weight)  # step 6
+                step = self._new(1, "sub", g, d)
+                torch._foreach_mul_(step, self._of(omb, owners))
+                torch._foreach_add_(d, step)  # step 6: d + (1 - beta) (g - d)
             if mode == "proximal":  # step 7
                 torch._foreach_addcdiv_(x, d, p, value=-lr)
                 if weight_decay != 0:
@@ -990,11 +1064,11 @@ def _multi_tensor_am_adamw(
         acc = op if per_layer else scope_acc
         if per_layer:
             prods = torch.stack([beta1_prods[k].to(device) for k in indices]).to(acc)
-            c = list(_rule.adam_correction(prods, config).to(op).unbind())  # step 2, per tensor
+            c = _rule.adam_correction(prods, config).to(op)  # step 2, per tensor
         else:
             prods = scope_prod
             c_scope = _rule.adam_correction(prods, config)
-            c = [c_scope.to(device=device, dtype=op, non_blocking=True)] * len(indices)
+            c = c_scope.to(device=device, dtype=op, non_blocking=True)  # one for all
         kernels = _AdamKernels(
             lists, c, bias_correction_roots(dev_steps, beta2), eps=eps, lam=lam, reduce_dtype=acc
         )
@@ -1012,7 +1086,7 @@ def _multi_tensor_am_adamw(
         bucket_sums = [rows[0] if len(rows) == 1 else torch.stack(rows).sum(0)]
     # sharded scopes: add the sums of all ranks
     bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[1] for b in buckets])
-    steps: list[tuple[_AdamKernels, list[Tensor]]] = []
+    steps: list[tuple[_AdamKernels, Tensor]] = []
     if per_layer:
         for (kernels, indices, prods, _), sums in zip(buckets, bucket_sums, strict=True):
             beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
@@ -1020,15 +1094,14 @@ def _multi_tensor_am_adamw(
             for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
                 betas[k] = b
                 new_prods[k] = pr
-            steps.append((kernels, list((1.0 - beta).to(kernels.op).unbind())))
+            steps.append((kernels, (1.0 - beta).to(kernels.op)))
     else:
         beta = _rule.adam_beta(torch, bucket_sums[0], config, lr=lr, weight_decay=wd)
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
-        for kernels, indices, *_ in buckets:
-            device = kernels.chunks[0][0][1][0].device
-            one_minus = (1.0 - beta).to(device=device, dtype=kernels.op, non_blocking=True)
-            steps.append((kernels, [one_minus] * len(indices)))
+        for kernels, *_ in buckets:
+            one_minus = (1.0 - beta).to(device=kernels.device, dtype=kernels.op, non_blocking=True)
+            steps.append((kernels, one_minus))
 
     # apply: steps 6 and 7, in the elementwise dtype, stored in the param dtype
     for kernels, one_minus_beta in steps:

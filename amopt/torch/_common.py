@@ -465,6 +465,150 @@ class Scratch:
         return views
 
 
+#: Run the device strategy of the foreach kernels (:func:`foreach_mode` ``"flat"``) on the
+#: CPU too: its structure (multi-tensor ops only, a number of them independent of the
+#: tensor count) is then observable where no GPU is.
+FORCE_DEVICE_STRATEGY = False
+
+
+def foreach_mode(device: torch.device, numel: int, *, half: bool, contiguous: bool) -> str:
+    """How the foreach kernels run over one (device, dtype) bucket of ``numel`` elements.
+
+    * ``"chunks"``: on the CPU when the bucket is larger than one chunk
+      (:func:`chunk_elements`), or holds half-precision tensors: every pass chunk by chunk
+      in cache-sized scratch buffers (:func:`chunks`, :class:`Scratch`);
+    * ``"lists"``: the tensors as they are, one multi-tensor op per pass and per-tensor
+      values as lists of 0-d tensors: a small CPU bucket, under ``torch.compile`` (the
+      compiler fuses the passes) and non-contiguous tensors elsewhere;
+    * ``"flat"`` (other devices): 1-D views of contiguous tensors, per-tensor values
+      spread over their elements (:class:`Flat`), so that every op takes the fast
+      multi-tensor route of the device (one kernel launch for the whole bucket; a list of
+      0-d tensors as an operand would take one launch per tensor).
+    """
+    if torch.compiler.is_compiling():
+        return "lists"
+    if device.type == "cpu" and not FORCE_DEVICE_STRATEGY:
+        size = chunk_elements(device, numel, 1)
+        return "chunks" if half or (size is not None and numel > size) else "lists"
+    return "flat" if contiguous else "lists"
+
+
+class Flat:
+    """The device strategy's view of a bucket: tensors as 1-D views, values spread.
+
+    Parameters
+    ----------
+    numels : list of int
+        Elements of each tensor of the bucket.
+    device : torch.device
+    """
+
+    def __init__(self, numels: list[int], device: torch.device) -> None:
+        self.numels, self.total, self.device = numels, sum(numels), device
+        self._counts: Tensor | None = None
+
+    @staticmethod
+    def views(tensors: Sequence[Tensor]) -> list[Tensor]:
+        """1-D views of contiguous tensors (metadata only: no kernel)."""
+        return [t.view(-1) for t in tensors]
+
+    def spread(self, values: Tensor) -> Tensor | list[Tensor]:
+        """Per-tensor ``values`` (shape ``(n,)``) as a list aligned with the 1-D views.
+
+        Each tensor's value repeated over its elements, in one kernel; a 0-d ``values``
+        is returned as it is (the one-tensor overload of the multi-tensor ops).
+        """
+        if values.dim() == 0:
+            return values
+        if self._counts is None:
+            self._counts = _device_counts(self.device, tuple(self.numels))
+        full = torch.repeat_interleave(values, self._counts, output_size=self.total)
+        return list(full.split(self.numels))
+
+    def empty(self, dtype: torch.dtype) -> list[Tensor]:
+        """Uninitialised 1-D tensors of the bucket's sizes in ``dtype`` (one allocation)."""
+        return list(torch.empty(self.total, dtype=dtype, device=self.device).split(self.numels))
+
+
+_COUNTS: dict[tuple[torch.device, tuple[int, ...]], Tensor] = {}
+
+
+def _device_counts(device: torch.device, numels: tuple[int, ...]) -> Tensor:
+    """``numels`` as an int64 tensor on ``device``, made once per layout.
+
+    Copied from the host the first time only (without waiting for the device), so that
+    a step captured in a CUDA graph after a warm-up step makes nothing on the host.
+    """
+    key = (device, numels)
+    counts = _COUNTS.get(key)
+    if counts is None:
+        if len(_COUNTS) >= 64:  # layouts of a few optimizers; forget the oldest
+            del _COUNTS[next(iter(_COUNTS))]
+        counts = torch.tensor(numels, dtype=torch.int64).to(device, non_blocking=True)
+        _COUNTS[key] = counts
+    return counts
+
+
+def range_safe_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
+    """``[sum(t * t) for t in tensors]`` in float64, squared in the scratch ``buffers``.
+
+    Each ``|t|`` is copied into its buffer (the scratch of a chunk, in the cache) and
+    scaled by the power of two that brings its largest entry into ``[0.5, 1)`` (the
+    scale clamped to float32's normal range): exact, so that the float32 squares of any
+    ``t`` neither underflow nor overflow (:func:`wide_dtype` says why that matters);
+    the sums, taken in the buffers' dtype, are scaled back in float64. Converting each
+    piece to float64 instead costs several times as much on the CPU.
+    """
+    torch._foreach_copy_(buffers, tensors)
+    torch._foreach_abs_(buffers)
+    largest = torch.stack(torch._foreach_max(buffers))
+    exponent = torch.frexp(largest)[1].clamp(-125, 125)
+    scale = torch.ldexp(torch.ones_like(largest), -exponent)
+    torch._foreach_mul_(buffers, list(scale.unbind()))
+    sums = torch.stack(foreach_sqsum(buffers, buffers[0].dtype))
+    return torch.ldexp(sums.to(torch.float64), 2 * exponent)
+
+
+#: float32 sums of squares in this range lost nothing to underflow or overflow: every
+#: square that flushed to a subnormal or zero (below 2^-126, an error of at most 2^-149
+#: each) is below 2^-29 of the sum for up to 2^20 terms, and no partial sum overflowed.
+_SAFE_SQSUM = (2.0**-100, 2.0**120)
+
+
+def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
+    """``[sum(t * t) for t in tensors]`` (CPU pieces of a chunk) in float64, range-safe.
+
+    Float32 (and float64) data is squared and summed in its own dtype, half precision
+    in float32; pieces whose sum leaves :data:`_SAFE_SQSUM` (about ``|t|`` below 1e-15
+    or above 1e18, or not finite; zero pieces are checked for zeros) are summed again by
+    :func:`range_safe_sqsums` in ``buffers``. The test is a read of CPU values (no
+    device involved); squaring in float64 costs about five times as much.
+    """
+    dtype = tensors[0].dtype
+    if dtype == torch.float64:
+        return torch.stack(foreach_sqsum(tensors, None))
+    sums = torch.stack(foreach_sqsum(tensors, None if dtype == torch.float32 else torch.float32))
+    lo, hi = _SAFE_SQSUM
+    ok = ((sums >= lo) & (sums <= hi)).tolist()
+    zero = [k for k, s in enumerate(sums.tolist()) if s == 0.0]
+    if zero:  # all zeros (v = d - g of an unchanged gradient), or squares underflowed?
+        nonzero = torch.stack([tensors[k].any() for k in zero]).tolist()
+        for k, any_nonzero in zip(zero, nonzero, strict=True):
+            ok[k] = not any_nonzero
+    sums = sums.to(torch.float64)
+    redo = [k for k, good in enumerate(ok) if not good]
+    if redo:
+        again = range_safe_sqsums([tensors[k] for k in redo], [buffers[k] for k in redo])
+        sums[redo] = again
+    return sums
+
+
+def piece_sums(results: Sequence[Sequence[Tensor]]) -> Tensor:
+    """``(k, n_pieces)``: the 0-d sums of ``k`` multi-tensor reductions, one op."""
+    flat = [r for res in results for r in res]
+    return torch.stack(flat).view(len(results), -1)
+
+
 def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -> Any:
     """``rule(torch, stacked rows, ...)``; row by row when scopes differ in accumulation dtype.
 
