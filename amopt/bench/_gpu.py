@@ -27,31 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 from amopt.bench import cases
+from amopt.bench._records import Measured, Row
 from amopt.bench._timing import interleave
+from amopt.bench.cases import gpt2_small_shapes, llama_1b_shapes
 
 __all__ = ["GpuAdamCase", "gpt2_small_shapes", "gpu_rows", "llama_1b_shapes"]
-
-
-def gpt2_small_shapes() -> list[tuple[int, ...]]:
-    """Parameter shapes of GPT-2 small (the output layer is tied to the token embedding)."""
-    d, vocab, positions, layers = 768, 50257, 1024, 12
-    shapes: list[tuple[int, ...]] = [(vocab, d), (positions, d)]
-    for _ in range(layers):
-        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,)]  # ln_1, attention
-        shapes += [(d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]  # ln_2, MLP
-    shapes += [(d,), (d,)]  # ln_f
-    return shapes
-
-
-def llama_1b_shapes() -> list[tuple[int, ...]]:
-    """Parameter shapes of a Llama-3.2-1B-sized decoder (1.24B, tied output layer)."""
-    d, ffn, vocab, layers, kv = 2048, 8192, 128256, 16, 512
-    shapes: list[tuple[int, ...]] = [(vocab, d)]
-    for _ in range(layers):
-        shapes += [(d,), (d, d), (kv, d), (kv, d), (d, d)]  # norm, q, k, v, o
-        shapes += [(d,), (ffn, d), (ffn, d), (d, ffn)]  # norm, gate, up, down
-    shapes.append((d,))
-    return shapes
 
 
 def _quick(shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -146,8 +126,6 @@ def _measure(shapes_of: Callable[[], list[tuple[int, ...]]]) -> Callable[[Any], 
     def measure(settings: Any) -> Any:
         import torch
 
-        from amopt.bench._cli import Measured
-
         _require_gpu()
         shapes = _quick(shapes_of()) if settings.quick else shapes_of()
         a = GpuAdamCase("am_adamw_triton", shapes)
@@ -164,8 +142,6 @@ def _measure(shapes_of: Callable[[], list[tuple[int, ...]]]) -> Callable[[Any], 
 
 def gpu_rows() -> tuple[Any, ...]:
     """The GPU rows, as :class:`amopt.bench.Row` objects (informational: no target yet)."""
-    from amopt.bench._cli import Row
-
     return (
         Row(
             "gpu-gpt2",
@@ -184,3 +160,6 @@ def gpu_rows() -> tuple[Any, ...]:
             _measure(llama_1b_shapes),
         ),
     )
+
+
+ROWS: tuple = ()
