@@ -164,9 +164,8 @@ def test_hand_loop_has_the_iterates_of_minimize_mgd():
 def test_cupy_rows_measure_per_iteration(key, numpy_as_cupy):
     row = next(r for r in _gpu.ROWS if r.key == key)
     m = row.measure(Settings(repeat=2, quick=True))
-    assert m.unit == "ms/it" and m.a > 0 and m.b > 0
-    assert m.ratio == pytest.approx(np.median(np.array([m.a]) / m.b), rel=1.0)
-    assert "(NumPy stand-in)" in m.note
+    assert m.unit == "ms/it" and m.a > 0 and m.b > 0 and m.ratio > 0
+    assert "(NumPy stand-in)" in m.note and "2 pairs" in m.note
 
 
 def test_libsvm_row_reads_the_data_folder_file(numpy_as_cupy, monkeypatch, tmp_path):
