@@ -75,7 +75,7 @@ class HostCounter:
     ...     y = (x * 2).sum()
     ...     v = float(y), y.tolist()
     >>> c.total_ops, c.syncs, dict(c.sync_sites)
-    (3, 2, {"aten._local_scalar_dense.default": 1, "tolist": 1})
+    (3, 2, {'aten._local_scalar_dense.default': 1, 'tolist': 1})
     """
 
     def __init__(self) -> None:
