@@ -32,7 +32,6 @@ GPU_KEYS = [
     "gpu-host-adamw-1480",
     "gpu-host-amsgd",
     "gpu-host-amsgd-1480",
-    "gpu-graph",
     "gpu-amsgd",
     "gpu-foreach",
     "gpu-1b-bf16",
@@ -42,6 +41,7 @@ GPU_KEYS = [
     "gpu-libsvm",
     "gpu-am-sgd-256",
     "gpu-am-sgd-4096",
+    "gpu-graph",
     "gpu-fsdp2",
     "gpu-compiled",
 ]
