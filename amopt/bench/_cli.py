@@ -47,7 +47,7 @@ EXTRA_ROWS: tuple[Row, ...] = (
 #: the GPU targets, run with ``--gpu`` ("no GPU" where there is none)
 GPU_ROWS: tuple[Row, ...] = _gpu.ROWS
 #: seconds of timed pairs per GPU row (``--gpu``), so that all of them take a few minutes
-GPU_ROW_SECONDS = 4.0
+GPU_ROW_SECONDS = 3.0
 #: MiB copied by the memory-bandwidth probe of the report's header, by ``Settings.quick``
 _PROBE_MIB = {False: 256, True: 16}
 
