@@ -76,9 +76,7 @@ def test_gpu_flag_selects_the_gpu_rows(capsys):
 @no_cuda
 def test_gpu_rows_say_no_gpu_and_the_json_says_so(tmp_path, capsys):
     out = tmp_path / "gpu.json"
-    start = time.perf_counter()
     assert _cli.main(["--gpu", "--quick", "--check", "--json", str(out)]) == 0
-    assert time.perf_counter() - start < 60
     payload = json.loads(out.read_text())
     assert payload["settings"]["row_seconds"] == _cli.GPU_ROW_SECONDS
     assert [r["key"] for r in payload["rows"]] == GPU_KEYS
