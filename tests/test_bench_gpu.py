@@ -71,6 +71,9 @@ def test_gpu_flag_selects_the_gpu_rows(capsys):
     assert listed == ["adamw-global", "gpu-graph"]
     assert _cli.main(["--list"]) == 0  # the default run has no GPU row
     assert not any(line.startswith("gpu-") for line in capsys.readouterr().out.splitlines())
+    assert _cli.main(["--list", "--all"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.strip().splitlines()]
+    assert listed == [r.key for r in (*_cli.ROWS, *_cli.EXTRA_ROWS, *_cli.GPU_ROWS)]
 
 
 @no_cuda
