@@ -4,11 +4,15 @@ Each row of the table times an AM implementation and its baseline alternately
 in one run (``A B, B A, A B, ...``), and reports the medians of both and the
 median of the paired ratios, against the row's target:
 
-* ``AMAdamW(fused=True).step`` / ``torch.optim.AdamW(fused=True).step`` on 25M
-  float32 parameters, in 48 tensors with per-layer beta and in one tensor with
-  a global beta (target <= 2.0 each);
+* ``AMAdamW(fused=True).step`` on 25M float32 parameters in 48 tensors with
+  per-layer beta over its own memory-traffic floor (the same two passes over the
+  same tensors without the arithmetic, ``adamw-layers-over-floor``; <= 1.25 on every
+  CPU), and against ``torch.optim.AdamW(fused=True).step`` (information), in one
+  tensor with a global beta (<= 2.0);
 * ``AMSGD(fused=True).step`` / ``SGD(momentum=0.9, dampening=0.9,
   foreach=True).step`` (<= 1.6);
+* the foreach paths against torch's foreach steps (<= 2.0) and the compiled
+  default, single-tensor and foreach steps against compiled torch steps (<= 1.6);
 * ``minimize(method="am-mgd")`` per iteration / a hand-written NumPy
   heavy-ball loop on a9a logistic regression (<= 1.05; reads
   ``<data>/libsvm/a9a`` with ``--data-dir <data>``, default ``$AMOPT_DATA_DIR``
@@ -16,20 +20,48 @@ median of the paired ratios, against the row's target:
 * the NumPy core AM-MGD step / MGD step on 10^7 float64 (<= 1.6);
 * the peak memory the optimizer adds, AMAdamW / AdamW (<= 1.05);
 * a training iteration of a tiny LLaMA (``transformers``, skipped when it is
-  not installed) with AM-AdamW / AdamW (<= 1.01, i.e. at most 1% overhead).
+  not installed) with AM-AdamW / AdamW (<= 1.01, i.e. at most 1% overhead);
+* CPU stand-ins of the GPU targets: the Triton driver's host time per step with
+  its launches stubbed (<= 0.5 ms at GPT-2 small's 148 tensors, <= 3x that at
+  1480), aten operations per foreach step (<= 1.5x torch's + 40), and host
+  synchronisations (<= 1) and operations per iteration of ``minimize`` on torch
+  tensors.
 
-``--check`` makes the command exit with status 1 when a target is missed;
-``--quick`` runs every row at small sizes (a smoke test, not the targets).
-The workloads live in :mod:`amopt.bench.cases`, shared with the asv suite in
-``asv_benchmarks/``.
+``--gpu`` runs the GPU rows instead ("no GPU" where there is none; a few seconds
+of pairs each, a few minutes together); ``--extra`` adds informational rows;
+``--check`` makes the command exit with status 1 when a target is missed or a
+row fails; ``--quick`` runs every row at small sizes (a smoke test, not the
+targets); ``--json FILE`` also writes the results. The workloads live in
+:mod:`amopt.bench.cases` and :mod:`amopt.bench._host`, shared with the asv suite
+in ``asv_benchmarks/``.
 
 Examples
 --------
 >>> from amopt.bench import ROWS
 >>> [row.key for row in ROWS][:3]
-['adamw-layers', 'adamw-global', 'amsgd']
+['adamw-layers', 'adamw-layers-over-floor', 'adamw-global']
 """
 
-from amopt.bench._cli import EXTRA_ROWS, ROWS, Measured, Result, Row, Settings, main, run_rows
+from amopt.bench._cli import (
+    EXTRA_ROWS,
+    GPU_ROWS,
+    ROWS,
+    Measured,
+    Result,
+    Row,
+    Settings,
+    main,
+    run_rows,
+)
 
-__all__ = ["EXTRA_ROWS", "ROWS", "Measured", "Result", "Row", "Settings", "main", "run_rows"]
+__all__ = [
+    "EXTRA_ROWS",
+    "GPU_ROWS",
+    "ROWS",
+    "Measured",
+    "Result",
+    "Row",
+    "Settings",
+    "main",
+    "run_rows",
+]

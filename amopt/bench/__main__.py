@@ -1,4 +1,5 @@
-"""``python -m amopt.bench [--quick] [--check] [--repeat N] [--threads N] [--rows KEY ...]``."""
+"""``python -m amopt.bench [--gpu] [--extra] [--quick] [--check] [--repeat N] [--threads N]
+[--rows KEY ...] [--json FILE]``."""
 
 from amopt.bench._cli import main
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from amopt.bench._cli import Measured, Row, Settings
+from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import interleave
 
 __all__ = ["DaskMinimizeCase", "ROWS", "out_of_core_run", "peak_rss"]

@@ -128,6 +128,8 @@ def timed_rounds(
     reduce: Callable[[list[float]], float] = statistics.fmean,
     alternate: bool = True,
     progress: Callable[[range], Iterable[int]] | None = None,
+    max_seconds: float | None = None,
+    min_rounds: int = 3,
 ) -> dict[K, dict[str, list[float]]]:
     """Time several workloads in rounds, each round running every workload ``inner`` times.
 
@@ -154,6 +156,12 @@ def timed_rounds(
         Reverse the order on odd rounds.
     progress : callable, optional
         Wraps ``range(rounds)`` (e.g. a progress bar).
+    max_seconds : float, optional
+        Stop after the round during which the timed rounds (warm-up excluded) have
+        run this long, once ``min_rounds`` rounds are done: a time cap for workloads
+        measured on a machine lent for minutes.
+    min_rounds : int, default 3
+        Rounds taken whatever ``max_seconds`` says (at most ``rounds``).
 
     Returns
     -------
@@ -183,7 +191,14 @@ def timed_rounds(
 
     out: dict[K, dict[str, list[float]]] = {key: {} for key in keys}
     rng = range(rounds) if progress is None else progress(range(rounds))
+    began = time.perf_counter()
     for k in rng:
+        if (
+            max_seconds is not None
+            and k >= min_rounds
+            and time.perf_counter() - began >= max_seconds
+        ):
+            break
         order = keys[::-1] if alternate and k % 2 else keys
         for key in order:
             calls = [call(workloads[key]) for _ in range(inner)]
@@ -200,12 +215,14 @@ def interleave(
     repeat: int,
     warmup: int = 2,
     inner: int = 1,
+    max_seconds: float | None = None,
 ) -> Paired:
     """Time ``run_a`` and ``run_b`` alternately, ``repeat`` pairs after ``warmup`` of each.
 
     The order within a pair alternates (A B, B A, A B, ...) so that neither side
     always runs right after the other's cache footprint. Each sample is the
-    mean over ``inner`` consecutive calls. Built on :func:`timed_rounds`.
+    mean over ``inner`` consecutive calls. Built on :func:`timed_rounds`;
+    ``max_seconds`` caps the timed pairs' total time (at least three pairs).
 
     Returns
     -------
@@ -220,7 +237,11 @@ def interleave(
         return run
 
     out = timed_rounds(
-        {"a": timed(run_a), "b": timed(run_b)}, rounds=repeat, inner=inner, warmup=warmup
+        {"a": timed(run_a), "b": timed(run_b)},
+        rounds=repeat,
+        inner=inner,
+        warmup=warmup,
+        max_seconds=max_seconds,
     )
     return Paired(a=out["a"][TOTAL], b=out["b"][TOTAL])
 

@@ -28,8 +28,13 @@ __all__ = [
     "torch_devices",
     "array_backends",
     "split_sizes",
+    "gpt2_small_shapes",
+    "llama_1b_shapes",
+    "many_tensor_shapes",
+    "shrunk_shapes",
     "OptimizerCase",
     "OPTIMIZER_KINDS",
+    "COMPILED_KINDS",
     "make_optimizer",
     "peak_state_memory",
     "CoreStepCase",
@@ -119,6 +124,48 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+# --------------------------------------------------------------------------- model layouts
+
+
+def gpt2_small_shapes() -> list[tuple[int, ...]]:
+    """Parameter shapes of GPT-2 small (the output layer is tied to the token embedding)."""
+    d, vocab, positions, layers = 768, 50257, 1024, 12
+    shapes: list[tuple[int, ...]] = [(vocab, d), (positions, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,)]  # ln_1, attention
+        shapes += [(d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]  # ln_2, MLP
+    shapes += [(d,), (d,)]  # ln_f
+    return shapes
+
+
+def llama_1b_shapes() -> list[tuple[int, ...]]:
+    """Parameter shapes of a Llama-3.2-1B-sized decoder (1.24B, tied output layer)."""
+    d, ffn, vocab, layers, kv = 2048, 8192, 128256, 16, 512
+    shapes: list[tuple[int, ...]] = [(vocab, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d, d), (kv, d), (kv, d), (d, d)]  # norm, q, k, v, o
+        shapes += [(d,), (ffn, d), (ffn, d), (d, ffn)]  # norm, gate, up, down
+    shapes.append((d,))
+    return shapes
+
+
+def many_tensor_shapes(shapes: list[tuple[int, ...]], pieces: int) -> list[tuple[int, ...]]:
+    """Every shape of ``shapes`` as ``pieces`` 1-D tensors (sizes differing by at most one):
+    the same parameter count in ``pieces`` times as many tensors.
+
+    Examples
+    --------
+    >>> many_tensor_shapes([(4, 5), (3,)], 2)
+    [(10,), (10,), (2,), (1,)]
+    """
+    return [(n,) for s in shapes for n in split_sizes(math.prod(s), pieces)]
+
+
+def shrunk_shapes(shapes: list[tuple[int, ...]], factor: int = 16) -> list[tuple[int, ...]]:
+    """The same tensor count with every dimension divided by ``factor`` (a smoke test)."""
+    return [tuple(max(1, n // factor) for n in s) for s in shapes]
+
+
 # --------------------------------------------------------------------------- torch optimizers
 
 #: kind -> the optimizer it builds
@@ -141,8 +188,23 @@ OPTIMIZER_KINDS: dict[str, str] = {
 }
 
 
+#: kind -> the optimizer it builds, its step under ``torch.compile`` (the compiled rows
+#: of the explicit paths; compiling takes long, so the CI runs only one of them)
+COMPILED_KINDS: dict[str, str] = {
+    f"{name}_{path}_compiled": f"{label}(foreach={path == 'foreach'}), step under torch.compile"
+    for name, label in (
+        ("am_adamw", "AMAdamW"),
+        ("adamw", "torch.optim.AdamW"),
+        ("amsgd", "AMSGD"),
+        ("sgd", "torch.optim.SGD(momentum=0.9, dampening=0.9)"),
+    )
+    for path in ("single", "foreach")
+}
+
+
 def make_optimizer(kind: str, params: list[Any], per_layer: bool) -> Any:
-    """The optimizer of ``kind`` (a key of :data:`OPTIMIZER_KINDS`) over ``params``.
+    """The optimizer of ``kind`` (a key of :data:`OPTIMIZER_KINDS` or :data:`COMPILED_KINDS`)
+    over ``params``.
 
     All with ``lr=1e-3``; the Adam family with ``weight_decay=1e-2`` (AdamW's
     default); ``per_layer`` is the beta scope of the AM optimizers.
@@ -151,6 +213,16 @@ def make_optimizer(kind: str, params: list[Any], per_layer: bool) -> Any:
 
     from amopt.torch import AMSGD, AMAdamW
 
+    if kind in COMPILED_KINDS:
+        name, path, _ = kind.rsplit("_", 2)
+        flag = {"foreach": path == "foreach"}
+        if name == "am_adamw":
+            return AMAdamW(params, lr=1e-3, weight_decay=1e-2, per_layer=per_layer, **flag)
+        if name == "adamw":
+            return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, **flag)
+        if name == "amsgd":
+            return AMSGD(params, lr=1e-3, per_layer=per_layer, **flag)
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, dampening=0.9, **flag)
     if kind in ("am_adamw_default", "am_adamw_compiled"):
         return AMAdamW(params, lr=1e-3, weight_decay=1e-2, per_layer=per_layer)
     if kind in ("adamw_default", "adamw_compiled"):
@@ -173,7 +245,9 @@ def make_optimizer(kind: str, params: list[Any], per_layer: bool) -> Any:
         return AMSGD(params, lr=1e-3, per_layer=per_layer, foreach=True)
     if kind == "sgd_foreach":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, dampening=0.9, foreach=True)
-    raise ValueError(f"unknown optimizer kind {kind!r}; expected one of {list(OPTIMIZER_KINDS)}")
+    raise ValueError(
+        f"unknown optimizer kind {kind!r}; expected one of {[*OPTIMIZER_KINDS, *COMPILED_KINDS]}"
+    )
 
 
 class OptimizerCase:
@@ -188,7 +262,7 @@ class OptimizerCase:
     Parameters
     ----------
     kind : str
-        A key of :data:`OPTIMIZER_KINDS`.
+        A key of :data:`OPTIMIZER_KINDS` or :data:`COMPILED_KINDS`.
     n_params, n_tensors : int
         Total size and number of parameter tensors.
     per_layer : bool

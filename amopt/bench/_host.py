@@ -1,0 +1,432 @@
+"""Host-side counts and timings that stand in on the CPU for GPU costs.
+
+On a GPU every aten operation is a kernel launch and every value read back to
+Python a synchronisation; the time the Python driver of the Triton kernels
+spends before its launches is what the GPU waits for. These are counted or
+timed here on CPU tensors:
+
+* :class:`HostCounter`: aten operations (a ``TorchDispatchMode``) and host
+  synchronisations (``aten._local_scalar_dense``, i.e. ``item()``, ``float()``,
+  ``bool()``, plus the ``Tensor`` methods that copy to the host: ``tolist``,
+  ``numpy``, ``__array__``, ``cpu``, ``to("cpu")``);
+* :func:`triton_on_cpu`: the optimizers' default path routed to the Triton driver on
+  CPU tensors (``TRITON_INTERPRET=1``) with every kernel launch replaced by a
+  no-op that counts it, so that only the driver's host work runs;
+* :class:`TritonHostCase`, :func:`foreach_step_ops` and :func:`minimize_counts`:
+  the workloads of the stand-in rows (``amopt.bench._standins``) and of the asv
+  benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from amopt.bench import cases
+
+__all__ = [
+    "HOST_METHODS",
+    "HostCounter",
+    "LaunchStub",
+    "TritonHostCase",
+    "foreach_step_ops",
+    "minimize_counts",
+    "triton_on_cpu",
+]
+
+#: the Tensor methods counted as host synchronisations (a device-to-host copy on a GPU)
+HOST_METHODS = ("tolist", "numpy", "__array__", "cpu", "to")
+#: the aten operation that reads a value to Python (item, float, bool, int, format)
+LOCAL_SCALAR = "aten._local_scalar_dense.default"
+
+
+def _to_host(args: tuple, kwargs: dict) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names the CPU as its device."""
+    import torch
+
+    for value in (*args, kwargs.get("device")):
+        if isinstance(value, str) and value.split(":")[0] == "cpu":
+            return True
+        if isinstance(value, torch.device) and value.type == "cpu":
+            return True
+    return False
+
+
+class HostCounter:
+    """Count aten operations and host synchronisations while it is entered.
+
+    ``ops`` counts every aten operation dispatched (by name); ``syncs`` the reads to
+    the host: each ``aten._local_scalar_dense`` and each call of a method of
+    :data:`HOST_METHODS` (``to`` only with a CPU device), those made inside another
+    such call not counted again (``np.asarray(t)`` calls ``t.__array__``, which calls
+    ``t.numpy()``: one synchronisation). ``sync_sites`` says which of them ran.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.arange(4.0)
+    >>> with HostCounter() as c:
+    ...     y = (x * 2).sum()
+    ...     v = float(y), y.tolist()
+    >>> c.total_ops, c.syncs, dict(c.sync_sites)
+    (3, 2, {'aten._local_scalar_dense.default': 1, 'tolist': 1})
+    """
+
+    def __init__(self) -> None:
+        self.ops: Counter[str] = Counter()
+        self.sync_sites: Counter[str] = Counter()
+        self._local = threading.local()
+        self._saved: dict[str, Any] = {}
+        self._mode: Any = None
+
+    @property
+    def syncs(self) -> int:
+        return sum(self.sync_sites.values())
+
+    @property
+    def total_ops(self) -> int:
+        return sum(self.ops.values())
+
+    def reset(self) -> None:
+        self.ops.clear()
+        self.sync_sites.clear()
+
+    def _depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
+    def _wrap(self, name: str, method: Callable) -> Callable:
+        counter = self
+
+        def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            counts = counter._depth() == 0 and (name != "to" or _to_host(args, kwargs))
+            if counts:
+                counter.sync_sites[name] += 1
+            counter._local.depth = counter._depth() + 1
+            try:
+                return method(tensor, *args, **kwargs)
+            finally:
+                counter._local.depth -= 1
+
+        wrapper.__name__ = name
+        return wrapper
+
+    def __enter__(self) -> HostCounter:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                name = str(func)
+                counter.ops[name] += 1
+                if name == LOCAL_SCALAR and counter._depth() == 0:
+                    counter.sync_sites[name] += 1
+                return func(*args, **(kwargs or {}))
+
+        for name in HOST_METHODS:
+            self._saved[name] = torch.Tensor.__dict__.get(name)
+            setattr(torch.Tensor, name, self._wrap(name, getattr(torch.Tensor, name)))
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        self._mode.__exit__(*exc)
+        for name, saved in self._saved.items():
+            if saved is None:
+                delattr(torch.Tensor, name)  # the method is inherited from TensorBase
+            else:
+                setattr(torch.Tensor, name, saved)
+        self._saved.clear()
+
+
+# --------------------------------------------------------------------------- Triton on CPU
+
+
+class LaunchStub:
+    """A kernel whose launches ``kernel[grid](*args, **kw)`` do nothing but count.
+
+    ``launches`` is shared by every stub of one :func:`triton_on_cpu` block (name ->
+    count).
+    """
+
+    def __init__(self, name: str, launches: Counter[str]) -> None:
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return self._launch
+
+    def _launch(self, *args: Any, **kwargs: Any) -> None:
+        self.launches[self.name] += 1
+
+
+def _force_triton(original: Callable) -> Callable:
+    """``default_path`` that picks the Triton driver wherever a CUDA group would.
+
+    With ``fused=True``, or neither flag given, a group of CPU tensors runs
+    ``"triton"`` when ``amopt.torch._triton.available`` accepts its tensors (it does
+    for CPU tensors under ``TRITON_INTERPRET=1``), as a group of CUDA tensors does.
+    """
+    from amopt.torch import _triton
+
+    def default_path(params: Any, grads: Any, *, fused: Any, foreach: Any) -> tuple:
+        path, reason = original(params, grads, fused=fused, foreach=foreach)
+        wanted = fused is True or (fused is None and foreach is None)
+        if wanted and path != "triton" and _triton.available([*params, *grads]) is None:
+            return "triton", None
+        return path, reason
+
+    default_path.__wrapped__ = original  # type: ignore[attr-defined]
+    return default_path
+
+
+@contextlib.contextmanager
+def triton_on_cpu(stub: bool = True) -> Iterator[Counter[str]]:
+    """Run the optimizers' Triton driver on CPU tensors, its launches stubbed.
+
+    Inside the block ``TRITON_INTERPRET=1`` (Triton's interpreter accepts CPU
+    tensors), every ``default_path`` of ``amopt.torch`` picks ``"triton"`` where a
+    CUDA group would, and, with ``stub``, ``amopt.torch._triton._kernels`` returns
+    :class:`LaunchStub` kernels: the driver builds its plan and launch arguments and
+    launches nothing. Yields the launch counts (kernel name -> launches).
+
+    Raises
+    ------
+    SkipCase
+        Triton or ``amopt.torch._triton`` cannot be imported here.
+    """
+    try:
+        import triton.runtime
+
+        from amopt.torch import _triton
+    except ImportError as exc:
+        raise cases.SkipCase(f"triton is not installed ({exc})") from None
+    import importlib
+    import sys
+
+    launches: Counter[str] = Counter()
+    original_kernels = _triton._kernels
+
+    def kernels(interpret: bool) -> dict[str, Any]:
+        real = original_kernels(interpret)
+        return {
+            name: LaunchStub(name, launches)
+            if isinstance(value, triton.runtime.KernelInterface)
+            else value
+            for name, value in real.items()
+        }
+
+    importlib.import_module("amopt.torch")
+    modules = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("amopt.torch") and m is not None and hasattr(m, "default_path")
+    ]
+    saved_paths = [(m, m.default_path) for m in modules]
+    saved_env = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        for m, original in saved_paths:
+            m.default_path = _force_triton(original)
+        if stub:
+            _triton._kernels = kernels
+        yield launches
+    finally:
+        _triton._kernels = original_kernels
+        for m, original in saved_paths:
+            m.default_path = original
+        if saved_env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved_env
+
+
+class TritonHostCase:
+    """One ``step()`` of ``AMAdamW()`` or ``AMSGD()`` on the Triton driver, launches stubbed.
+
+    The parameters are CPU tensors of ``shapes``; the optimizers run their default
+    path, routed to the Triton driver by :func:`triton_on_cpu`, so a step is the
+    driver's host work alone: the time a GPU waits for before the kernels of a step
+    can start. ``run()`` is one step; ``launches`` counts the stubbed launches so far.
+
+    Parameters
+    ----------
+    optimizer : {"am_adamw", "amsgd"}
+        ``AMAdamW(lr=1e-3, weight_decay=1e-2)`` or ``AMSGD(lr=1e-3)``, default flags.
+    shapes : list of tuple of int
+    dtype : str
+        Of the parameters, gradients and state (``"bfloat16"``: half the memory
+        of ``"float32"``; the kernels would read either).
+    """
+
+    def __init__(
+        self, optimizer: str, shapes: list[tuple[int, ...]], dtype: str = "bfloat16"
+    ) -> None:
+        import torch
+
+        from amopt.torch import AMSGD, AMAdamW
+
+        cases.apply_threads()
+        dt = getattr(torch, dtype)
+        # untouched memory: the stubbed kernels never read the values
+        self.params = [torch.nn.Parameter(torch.empty(s, dtype=dt)) for s in shapes]
+        for p in self.params:
+            p.grad = torch.empty(p.shape, dtype=dt)
+        if optimizer == "am_adamw":
+            self.optimizer = AMAdamW(self.params, lr=1e-3, weight_decay=1e-2)
+        elif optimizer == "amsgd":
+            self.optimizer = AMSGD(self.params, lr=1e-3)
+        else:
+            raise ValueError(f"unknown optimizer {optimizer!r}; expected 'am_adamw' or 'amsgd'")
+        self.n_tensors = len(shapes)
+        self.launches: Counter[str] = Counter()
+        self.run()  # creates the state
+        if not self.launches:
+            raise RuntimeError(
+                f"a step of {type(self.optimizer).__name__}() on CPU tensors under "
+                "TRITON_INTERPRET=1 launched no Triton kernel: the Triton driver was not "
+                "reached"
+            )
+
+    def run(self) -> None:
+        with triton_on_cpu() as launches:
+            self.optimizer.step()
+        self.launches.update(launches)
+
+
+# --------------------------------------------------------------------------- op counts
+
+
+def foreach_step_ops(kind: str, shapes: list[tuple[int, ...]]) -> HostCounter:
+    """The aten operations and synchronisations of one step (the second) of ``kind``.
+
+    ``kind`` is ``"am_adamw_foreach"``, ``"adamw_foreach"``, ``"amsgd_foreach"`` or
+    ``"sgd_foreach"`` (:func:`amopt.bench.cases.make_optimizer`, per-layer beta) over
+    float32 CPU parameters of ``shapes``; the first step, which creates the state,
+    is not counted.
+    """
+    import torch
+
+    cases.apply_threads()
+    gen = torch.Generator().manual_seed(0)
+    params = []
+    for s in shapes:
+        p = torch.nn.Parameter(torch.randn(s, generator=gen))
+        p.grad = 1e-2 * torch.randn(s, generator=gen)
+        params.append(p)
+    opt = cases.make_optimizer(kind, params, per_layer=True)
+    opt.step()
+    with HostCounter() as counter:
+        opt.step()
+    return counter
+
+
+def _quadratic(n: int) -> tuple[Any, Any]:
+    """``f(x) = 0.5 sum h x^2`` on float64 torch tensors (h in [1e-3, 1]: slow enough
+    that no method stops within a few dozen iterations); f is returned as a 0-d tensor,
+    so the objective itself reads nothing to the host."""
+    import torch
+
+    h = torch.from_numpy(np.geomspace(1e-3, 1.0, n))
+
+    def value_and_grad(x: Any) -> tuple[Any, Any]:
+        hx = h * x
+        return 0.5 * (hx * x).sum(), hx
+
+    return value_and_grad, torch.ones(n, dtype=torch.float64)
+
+
+class _TorchLeastSquares:
+    """A finite sum on torch tensors: ``f_i(x) = 0.5 (a_i . x - b_i)^2``.
+
+    The mini-batch indices are converted with ``torch.as_tensor`` (no host read).
+    """
+
+    def __init__(self, n_samples: int, dim: int) -> None:
+        import torch
+
+        gen = torch.Generator().manual_seed(0)
+        self.A = torch.randn(n_samples, dim, generator=gen, dtype=torch.float64) / dim**0.5
+        self.b = torch.randn(n_samples, generator=gen, dtype=torch.float64)
+        self.n_samples = n_samples
+
+    def _vg(self, A: Any, b: Any) -> tuple[Any, Any]:
+        r = A @ self.x - b
+        return 0.5 * (r * r).mean(), A.T @ r / b.shape[0]
+
+    def value_and_grad(self, x: Any) -> tuple[Any, Any]:
+        self.x = x
+        return self._vg(self.A, self.b)
+
+    def batch_value_and_grad(self, x: Any, indices: Any) -> tuple[Any, Any]:
+        import torch
+
+        idx = torch.as_tensor(indices, device=self.A.device)
+        self.x = x
+        return self._vg(self.A.index_select(0, idx), self.b.index_select(0, idx))
+
+
+#: methods of ``amopt.minimize`` counted full batch, and with mini-batches
+FULL_BATCH_METHODS = ("gd", "mgd", "am-mgd", "adam", "adamw", "am-adam", "am-adamw")
+MINI_BATCH_METHODS = ("sgd", "msgd", "am-sgd", "adam", "adamw", "am-adam", "am-adamw")
+
+
+def minimize_counts(
+    method: str, *, batch: bool = False, n: int = 1000, iterations: tuple[int, int] = (4, 12)
+) -> dict[str, float]:
+    """Host synchronisations and aten operations per iteration of ``amopt.minimize``.
+
+    ``method`` runs on float64 torch CPU tensors, full batch on a quadratic of
+    dimension ``n`` or (``batch``) with mini-batches of 32 from a least-squares
+    finite sum (512 samples, dimension ``n // 10``), for the two iteration counts of
+    ``iterations``; the per-iteration figures are the differences divided by the
+    difference of the counts, so that the set-up and the final evaluation cancel.
+
+    Returns
+    -------
+    dict
+        ``syncs`` and ``ops`` per iteration; ``sites``: the synchronisations of the
+        longer run by kind.
+    """
+    import amopt
+
+    k1, k2 = iterations
+    options: dict[str, Any] = {"lr": 1e-2 if method in ("gd", "mgd", "am-mgd") else 1e-3}
+    if batch:
+        problem = _TorchLeastSquares(512, max(n // 10, 2))
+        fun, x0, jac = problem, None, None
+        options.update(batch_size=32, seed=0)
+        if method in ("adam", "adamw", "am-adam", "am-adamw"):
+            options["gtol"] = 0.0
+    else:
+        fun, x0 = _quadratic(n)
+        jac = True
+    if x0 is None:
+        import torch
+
+        x0 = torch.zeros(problem.A.shape[1], dtype=torch.float64)
+    runs = []
+    for k in (k1, k2):
+        counter = HostCounter()
+        with counter:
+            res = amopt.minimize(
+                fun, x0, jac=jac, method=method, options={**options, "maxiter": k}
+            )
+        if int(res.nit) != k:
+            raise RuntimeError(f"minimize({method!r}) stopped after {res.nit} of {k} iterations")
+        runs.append(counter)
+    a, b = runs
+    return {
+        "syncs": (b.syncs - a.syncs) / (k2 - k1),
+        "ops": (b.total_ops - a.total_ops) / (k2 - k1),
+        "sites": dict(b.sync_sites),
+    }

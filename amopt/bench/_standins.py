@@ -1,0 +1,252 @@
+"""CPU rows that stand in for the GPU targets, run everywhere.
+
+* ``triton-host-*``: the host time of a step of ``AMAdamW()`` / ``AMSGD()`` on the
+  Triton driver with its launches stubbed (:class:`amopt.bench._host.TritonHostCase`),
+  at the GPT-2-small layout (148 tensors; target 0.5 ms) and with the same
+  parameters in 1480 tensors (target 3x the 148-tensor time, measured side by side);
+* ``foreach-ops*``: aten operations of one ``AMAdamW(foreach=True)`` step against
+  ``1.5 x`` those of ``torch.optim.AdamW(foreach=True)`` ``+ 40`` (on a GPU each is a
+  kernel launch);
+* ``minimize-syncs`` / ``minimize-ops``: host synchronisations per iteration of
+  ``amopt.minimize`` on torch tensors, the worst method against 1, and am-mgd's aten
+  operations per iteration against mgd's + 12.
+
+A count or a budget is the baseline of these rows; their metric says how the ratio
+is formed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from amopt.bench import _host, cases
+from amopt.bench._records import Measured, Row, Settings
+from amopt.bench._timing import Paired, interleave, timed_rounds
+
+__all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "layout"]
+
+#: the driver's host time per step allowed at the GPT-2-small layout, ms
+HOST_BUDGET_MS = 0.5
+#: tensors of the large layout: GPT-2 small's parameters, each in ten pieces
+MANY = 10
+
+
+def layout(n_tensors: int, quick: bool = False) -> list[tuple[int, ...]]:
+    """GPT-2 small's parameter shapes (148 tensors), or the same parameters in 1480.
+
+    Examples
+    --------
+    >>> len(layout(148)), len(layout(1480))
+    (148, 1480)
+    """
+    shapes = cases.gpt2_small_shapes()
+    if quick:
+        shapes = cases.shrunk_shapes(shapes)
+    if n_tensors == len(shapes):
+        return shapes
+    if n_tensors == MANY * len(shapes):
+        return cases.many_tensor_shapes(shapes, MANY)
+    raise ValueError(f"n_tensors must be {len(shapes)} or {MANY * len(shapes)}; got {n_tensors}")
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    xs = sorted(xs)
+    if len(xs) < 4:
+        return xs[0], xs[-1]
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
+
+
+def _host_time(optimizer: str) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        case = _host.TritonHostCase(optimizer, layout(148, s.quick))
+        out = timed_rounds({"a": case.run}, rounds=s.repeat, warmup=2, max_seconds=s.row_seconds)[
+            "a"
+        ]["total"]
+        ms = [t * 1e3 for t in out]
+        q1, q3 = _quartiles(ms)
+        launches = sum(case.launches.values()) / (len(out) + 3)
+        return Measured(
+            a=statistics.median(ms),
+            b=HOST_BUDGET_MS,
+            ratio=statistics.median(ms) / HOST_BUDGET_MS,
+            unit="ms",
+            spread=(q1 / HOST_BUDGET_MS, q3 / HOST_BUDGET_MS),
+            note=f"{case.n_tensors} tensors (GPT-2 small), launches stubbed, "
+            f"{launches:.0f} launch(es) per step",
+        )
+
+    return measure
+
+
+def _host_scaling(optimizer: str) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        big = _host.TritonHostCase(optimizer, layout(MANY * 148, s.quick))
+        small = _host.TritonHostCase(optimizer, layout(148, s.quick))
+        p: Paired = interleave(
+            big.run, small.run, repeat=s.repeat, warmup=2, max_seconds=s.row_seconds
+        )
+        steps = len(p.a) + 3
+        return Measured.from_paired(
+            p,
+            scale=1e3,
+            unit="ms",
+            note=f"launches per step {sum(big.launches.values()) / steps:.0f} at "
+            f"{big.n_tensors} tensors, {sum(small.launches.values()) / steps:.0f} at "
+            f"{small.n_tensors}; the same parameters",
+        )
+
+    return measure
+
+
+def _foreach_ops(kind_a: str, kind_b: str, n_tensors: int) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        shapes = layout(n_tensors, s.quick)
+        a = _host.foreach_step_ops(kind_a, shapes)
+        b = _host.foreach_step_ops(kind_b, shapes)
+        allowed = 1.5 * b.total_ops + 40
+        top = ", ".join(f"{name.split('.')[1]} {n}" for name, n in a.ops.most_common(4))
+        return Measured(
+            a=a.total_ops,
+            b=b.total_ops,
+            ratio=a.total_ops / allowed,
+            unit="ops",
+            note=f"{n_tensors} tensors (GPT-2 small layout, float32); allowed 1.5 x "
+            f"{b.total_ops} + 40 = {allowed:.0f}; most frequent on the AM side: {top}; "
+            f"values read to Python per step {a.syncs} vs {b.syncs} (CPU step counters' item() "
+            "included, which are no synchronisation on a GPU)",
+        )
+
+    return measure
+
+
+def _minimize_syncs(s: Settings) -> Measured:
+    n = 200 if s.quick else 1000
+    per: dict[str, float] = {}
+    for method in _host.FULL_BATCH_METHODS:
+        per[method] = _host.minimize_counts(method, n=n)["syncs"]
+    for method in _host.MINI_BATCH_METHODS:
+        per[f"{method} (batch)"] = _host.minimize_counts(method, batch=True, n=n)["syncs"]
+    worst = max(per, key=per.__getitem__)
+    return Measured(
+        a=per[worst],
+        b=1.0,
+        ratio=per[worst],
+        unit="syncs/it",
+        note=f"worst: {worst}; per iteration: " + ", ".join(f"{k} {v:g}" for k, v in per.items()),
+    )
+
+
+def _minimize_ops(method_a: str, method_b: str, slack: int) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        n = 200 if s.quick else 1000
+        a = _host.minimize_counts(method_a, n=n)
+        b = _host.minimize_counts(method_b, n=n)
+        return Measured(
+            a=a["ops"],
+            b=b["ops"],
+            ratio=a["ops"] / (b["ops"] + slack),
+            unit="ops/it",
+            note=f"float64 torch CPU tensors, quadratic of dimension {n}, objective's ops "
+            f"included on both sides; allowed {b['ops']:g} + {slack}; host syncs per "
+            f"iteration {a['syncs']:g} vs {b['syncs']:g}",
+        )
+
+    return measure
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "triton-host-adamw",
+        f"host time of an AMAdamW() step on the Triton driver, launches stubbed, GPT-2 small "
+        f"layout (148 tensors) / a {HOST_BUDGET_MS:g} ms budget",
+        "AMAdamW() driver",
+        "budget",
+        1.0,
+        _host_time("am_adamw"),
+    ),
+    Row(
+        "triton-host-adamw-1480",
+        "host time of an AMAdamW() step on the Triton driver, launches stubbed, 1480 tensors "
+        "/ the same at 148 tensors (same parameters)",
+        "1480 tensors",
+        "148 tensors",
+        3.0,
+        _host_scaling("am_adamw"),
+    ),
+    Row(
+        "triton-host-amsgd",
+        f"host time of an AMSGD() step on the Triton driver, launches stubbed, GPT-2 small "
+        f"layout (148 tensors) / a {HOST_BUDGET_MS:g} ms budget",
+        "AMSGD() driver",
+        "budget",
+        1.0,
+        _host_time("amsgd"),
+    ),
+    Row(
+        "triton-host-amsgd-1480",
+        "host time of an AMSGD() step on the Triton driver, launches stubbed, 1480 tensors "
+        "/ the same at 148 tensors (same parameters)",
+        "1480 tensors",
+        "148 tensors",
+        3.0,
+        _host_scaling("amsgd"),
+    ),
+    Row(
+        "foreach-ops",
+        "aten ops of an AMAdamW(foreach=True) step / (1.5 x AdamW(foreach=True)'s + 40), "
+        "GPT-2 small layout (148 tensors)",
+        "AMAdamW(foreach=True)",
+        "AdamW(foreach=True)",
+        1.0,
+        _foreach_ops("am_adamw_foreach", "adamw_foreach", 148),
+    ),
+    Row(
+        "foreach-ops-1480",
+        "aten ops of an AMAdamW(foreach=True) step / (1.5 x AdamW(foreach=True)'s + 40), "
+        "GPT-2 small's parameters in 1480 tensors",
+        "AMAdamW(foreach=True)",
+        "AdamW(foreach=True)",
+        1.0,
+        _foreach_ops("am_adamw_foreach", "adamw_foreach", MANY * 148),
+    ),
+    Row(
+        "minimize-syncs",
+        "host synchronisations per iteration of minimize on torch tensors, the worst method "
+        "(full batch and mini-batch) / 1",
+        "worst method",
+        "one per iteration",
+        1.0,
+        _minimize_syncs,
+    ),
+    Row(
+        "minimize-ops",
+        "aten ops per iteration of minimize on torch tensors, am-mgd / (mgd + 12)",
+        "am-mgd",
+        "mgd",
+        1.0,
+        _minimize_ops("am-mgd", "mgd", 12),
+    ),
+)
+
+#: informational rows, run with ``--extra``
+EXTRA_ROWS: tuple[Row, ...] = (
+    Row(
+        "foreach-ops-amsgd",
+        "aten ops of an AMSGD(foreach=True) step / (1.5 x SGD(momentum=0.9, dampening=0.9, "
+        "foreach=True)'s + 40), GPT-2 small layout (148 tensors)",
+        "AMSGD(foreach=True)",
+        "SGD(foreach=True)",
+        None,
+        _foreach_ops("amsgd_foreach", "sgd_foreach", 148),
+    ),
+    Row(
+        "minimize-ops-adamw",
+        "aten ops per iteration of minimize on torch tensors, am-adamw / (adamw + 12)",
+        "am-adamw",
+        "adamw",
+        None,
+        _minimize_ops("am-adamw", "adamw", 12),
+    ),
+)

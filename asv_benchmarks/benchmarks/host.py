@@ -1,0 +1,83 @@
+"""Host-side costs that stand in on the CPU for GPU costs (``amopt.bench._host``).
+
+* the Triton driver's host time per step of ``AMAdamW()`` / ``AMSGD()`` with every
+  kernel launch stubbed, at GPT-2 small's layout (148 tensors) and with its
+  parameters in 1480 tensors (the ``triton-host-*`` rows of ``python -m amopt.bench``);
+* aten operations per foreach step, AM against torch (``foreach-ops*``);
+* host synchronisations and aten operations per iteration of ``amopt.minimize`` on
+  torch tensors (``minimize-syncs``, ``minimize-ops``).
+
+Counts are ``track_`` benchmarks: asv records them per commit like a time.
+"""
+
+from __future__ import annotations
+
+from amopt.bench import _host, _standins, cases
+
+N_TENSORS = [148, 1480]
+
+
+class TimeTritonDriverHost:
+    """One step on the Triton driver with its launches stubbed: the driver's host work."""
+
+    params = (["am_adamw", "amsgd"], N_TENSORS)
+    param_names = ["optimizer", "tensors"]
+    timeout = 300
+    warmup_time = 0.2
+
+    def setup(self, optimizer: str, tensors: int) -> None:
+        try:
+            self.case = _host.TritonHostCase(optimizer, _standins.layout(tensors, cases.quick()))
+        except cases.SkipCase as exc:  # no triton here
+            raise NotImplementedError(str(exc)) from None
+
+    def time_step(self, optimizer: str, tensors: int) -> None:
+        self.case.run()
+
+    def track_launches_per_step(self, optimizer: str, tensors: int) -> float:
+        """Kernel launches of one step (a host-light driver: independent of ``tensors``)."""
+        before = sum(self.case.launches.values())
+        self.case.run()
+        return float(sum(self.case.launches.values()) - before)
+
+    track_launches_per_step.unit = "launches"  # type: ignore[attr-defined]
+
+
+class TrackForeachOps:
+    """aten operations of one foreach step (the second; the first creates the state)."""
+
+    params = (["am_adamw_foreach", "adamw_foreach", "amsgd_foreach", "sgd_foreach"], N_TENSORS)
+    param_names = ["optimizer", "tensors"]
+    timeout = 600
+
+    def track_aten_ops(self, kind: str, tensors: int) -> int:
+        return _host.foreach_step_ops(kind, _standins.layout(tensors, cases.quick())).total_ops
+
+    track_aten_ops.unit = "ops"  # type: ignore[attr-defined]
+
+
+class TrackMinimizeHostCounts:
+    """Host synchronisations and aten operations per iteration of ``minimize`` (torch)."""
+
+    params = (
+        list(dict.fromkeys(_host.FULL_BATCH_METHODS + _host.MINI_BATCH_METHODS)),
+        ["full batch", "mini-batch"],
+    )
+    param_names = ["method", "sampling"]
+    timeout = 300
+
+    def setup(self, method: str, sampling: str) -> None:
+        batch = sampling == "mini-batch"
+        if method not in (_host.MINI_BATCH_METHODS if batch else _host.FULL_BATCH_METHODS):
+            raise NotImplementedError(f"{method} does not sample mini-batches")
+        self.counts = _host.minimize_counts(method, batch=batch, n=200 if cases.quick() else 1000)
+
+    def track_syncs_per_iteration(self, method: str, sampling: str) -> float:
+        return self.counts["syncs"]
+
+    track_syncs_per_iteration.unit = "syncs"  # type: ignore[attr-defined]
+
+    def track_ops_per_iteration(self, method: str, sampling: str) -> float:
+        return self.counts["ops"]
+
+    track_ops_per_iteration.unit = "ops"  # type: ignore[attr-defined]

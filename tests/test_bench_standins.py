@@ -1,0 +1,292 @@
+"""The CPU stand-in rows of the bench: their counters, the Triton launch stub, their arithmetic.
+
+The counters are checked against functions whose operations and host reads are known;
+the stub against the interpreter run it replaces; the rows' ratios against the
+numbers they are built from. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amopt.bench import _cli, _host, _standins, cases  # noqa: E402
+from amopt.bench._records import Settings  # noqa: E402
+
+BENCH = Path(__file__).resolve().parents[1] / "amopt" / "bench"
+
+
+# --------------------------------------------------------------------------- HostCounter
+
+
+def test_counter_counts_known_ops_and_host_reads():
+    x = torch.arange(6.0)
+    with _host.HostCounter() as c:
+        y = x * 2  # mul
+        s = y.sum()  # sum
+        float(s)  # _local_scalar_dense: a read
+        s.item()  # another
+        y.tolist()  # a read (no aten op on the CPU)
+        np.asarray(y)  # one read: __array__ calls numpy() inside, not counted again
+        y.cpu()  # a copy to the host on a GPU
+        y.to("cpu")  # likewise
+        y.to(torch.float64)  # a dtype conversion: an op, no read
+    assert c.ops["aten.mul.Tensor"] == 1 and c.ops["aten.sum.default"] == 1
+    assert c.ops[_host.LOCAL_SCALAR] == 2
+    assert c.ops["aten._to_copy.default"] == 1
+    assert c.sync_sites == Counter(
+        {_host.LOCAL_SCALAR: 2, "tolist": 1, "__array__": 1, "cpu": 1, "to": 1}
+    )
+    assert c.syncs == 6
+
+
+def test_counter_restores_the_tensor_methods():
+    before = {name: torch.Tensor.__dict__.get(name) for name in _host.HOST_METHODS}
+    with _host.HostCounter():
+        assert torch.Tensor.__dict__.get("tolist") is not before["tolist"]
+    assert {name: torch.Tensor.__dict__.get(name) for name in _host.HOST_METHODS} == before
+    assert torch.arange(3).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("method", ["gd", "am-mgd"])
+def test_minimize_counts_are_per_iteration(method, monkeypatch):
+    """One more op and one more host read in the objective, evaluated once per
+    iteration: exactly that many more per iteration (set-up and final evaluation
+    cancel in the difference of two runs)."""
+    base = _host.minimize_counts(method, n=50)
+    original = _host._quadratic
+
+    def heavier(n):
+        vg, x0 = original(n)
+
+        def value_and_grad(x):
+            f, g = vg(x)
+            float(f)  # one read
+            return f, g + 0.0  # one op
+
+        return value_and_grad, x0
+
+    monkeypatch.setattr(_host, "_quadratic", heavier)
+    more = _host.minimize_counts(method, n=50)
+    assert more["syncs"] == base["syncs"] + 1
+    assert more["ops"] == base["ops"] + 2  # the add, and the read's _local_scalar_dense
+    assert base["syncs"] == int(base["syncs"]) and base["ops"] == int(base["ops"])
+
+
+def test_minimize_counts_mini_batch_runs_the_sampler():
+    out = _host.minimize_counts("am-sgd", batch=True, n=50)
+    assert out["ops"] > 0 and out["syncs"] >= 0
+
+
+def test_minimize_counts_reject_an_early_stop(monkeypatch):
+    def flat(n):
+        x0 = torch.zeros(n, dtype=torch.float64)
+        return (lambda x: ((x * 0).sum(), x * 0)), x0  # converged at x0
+
+    monkeypatch.setattr(_host, "_quadratic", flat)
+    with pytest.raises(RuntimeError, match="stopped after"):
+        _host.minimize_counts("gd", n=10)
+
+
+# --------------------------------------------------------------------------- Triton stub
+
+
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
+SHAPES = [(40,), (3, 7), (1,), (65,)]
+
+
+@needs_triton
+@pytest.mark.parametrize("optimizer", ["am_adamw", "amsgd"])
+def test_launch_stub_stubs_the_kernels(optimizer):
+    """Under the stub the driver launches (counted) and nothing is written; the same
+    step with the interpreter's kernels moves the parameters."""
+    from amopt.torch import _common, _triton
+
+    kernels, path = _triton._kernels, _common.default_path
+    case = _host.TritonHostCase(optimizer, SHAPES, dtype="float32")
+    for p in case.params:
+        with torch.no_grad():
+            p.copy_(torch.linspace(-1, 1, p.numel()).reshape(p.shape))
+            p.grad.copy_(0.5 * torch.ones_like(p))
+    before = [p.detach().clone() for p in case.params]
+    launched = sum(case.launches.values())
+    case.run()
+    assert sum(case.launches.values()) > launched
+    assert set(case.launches) <= {"adam_reduce", "adam_apply", "sgd_reduce", "sgd_apply",
+                                  "segment_sum"}  # fmt: skip
+    assert all(torch.equal(a, p) for a, p in zip(before, case.params, strict=True))
+    # restored on exit
+    assert _triton._kernels is kernels and _common.default_path is path
+    # the interpreter's kernels (other shapes and a fresh optimizer: nothing a driver may
+    # have cached for the stubbed steps is reused) move the parameters
+    real = [torch.nn.Parameter(torch.linspace(-1, 1, n)) for n in (33, 70)]
+    for p in real:
+        p.grad = 0.5 * torch.ones_like(p)
+    start = [p.detach().clone() for p in real]
+    with _host.triton_on_cpu(stub=False):
+        type(case.optimizer)(real, lr=0.1).step()
+    assert all(not torch.equal(a, p) for a, p in zip(start, real, strict=True))
+
+
+@needs_triton
+def test_forced_path_is_triton_only_where_a_cuda_group_would_be():
+    from amopt.torch import _common
+
+    x = [torch.zeros(3)]
+    with _host.triton_on_cpu():
+        assert _common.default_path(x, x, fused=None, foreach=None) == ("triton", None)
+        assert _common.default_path(x, x, fused=True, foreach=None) == ("triton", None)
+        assert _common.default_path(x, x, fused=None, foreach=True)[0] == "foreach"
+        assert _common.default_path(x, x, fused=False, foreach=None)[0] == "single"
+        ints = [torch.zeros(3, dtype=torch.int64)]
+        assert _common.default_path(ints, ints, fused=None, foreach=None)[0] != "triton"
+
+
+@needs_triton
+def test_triton_host_case_says_when_the_driver_is_not_reached(monkeypatch):
+    monkeypatch.setattr(_host, "_force_triton", lambda original: original)
+    with pytest.raises(RuntimeError, match="launched no Triton kernel"):
+        _host.TritonHostCase("am_adamw", SHAPES, dtype="float32")
+
+
+# --------------------------------------------------------------------------- layouts, rows
+
+
+def test_layouts_hold_gpt2_small_in_148_and_1480_tensors():
+    small, many = _standins.layout(148), _standins.layout(1480)
+    assert len(small) == 148 and len(many) == 1480
+    total = sum(math.prod(s) for s in small)
+    assert total == sum(math.prod(s) for s in many) == 124_439_808
+    assert len(_standins.layout(148, quick=True)) == 148
+    with pytest.raises(ValueError, match="n_tensors must be"):
+        _standins.layout(100)
+
+
+def test_standin_rows_carry_the_targets():
+    targets = {r.key: r.target for r in _standins.ROWS}
+    assert targets == {
+        "triton-host-adamw": 1.0,
+        "triton-host-adamw-1480": 3.0,
+        "triton-host-amsgd": 1.0,
+        "triton-host-amsgd-1480": 3.0,
+        "foreach-ops": 1.0,
+        "foreach-ops-1480": 1.0,
+        "minimize-syncs": 1.0,
+        "minimize-ops": 1.0,
+    }
+    cli = {r.key: r.target for r in _cli.ROWS}
+    # the fused per-layer target is the step over its own memory-traffic floor
+    assert cli["adamw-layers"] is None and cli["adamw-layers-over-floor"] == 1.25
+    assert cli["amsgd-foreach"] == 2.0 and cli["adamw-foreach"] == 2.0
+    for key in ("adamw-single-compiled", "adamw-foreach-compiled", "amsgd-single-compiled",
+                "amsgd-foreach-compiled"):  # fmt: skip
+        assert cli[key] == 1.6
+
+
+def _row(rows, key):
+    return next(r for r in rows if r.key == key)
+
+
+def test_foreach_ops_row_ratio_is_ops_over_the_allowance(monkeypatch):
+    def fake(kind, shapes):
+        c = _host.HostCounter()
+        c.ops["aten.dot.default"] = 700 if kind.startswith("am") else 300
+        return c
+
+    monkeypatch.setattr(_host, "foreach_step_ops", fake)
+    m = _row(_standins.ROWS, "foreach-ops").measure(Settings(quick=True))
+    assert (m.a, m.b) == (700, 300)
+    assert m.ratio == pytest.approx(700 / (1.5 * 300 + 40))
+
+
+def test_foreach_ops_counts_a_real_step():
+    shapes = [(30,), (4, 5)]
+    ours = _host.foreach_step_ops("am_adamw_foreach", shapes)
+    torchs = _host.foreach_step_ops("adamw_foreach", shapes)
+    assert torchs.total_ops > 0 and ours.total_ops > 0
+    # torch's foreach AdamW makes a fixed number of multi-tensor calls, whatever the count
+    more = _host.foreach_step_ops("adamw_foreach", shapes * 3)
+    assert more.ops["aten._foreach_mul_.Scalar"] == torchs.ops["aten._foreach_mul_.Scalar"]
+
+
+def test_minimize_rows_arithmetic(monkeypatch):
+    def fake(method, *, batch=False, n=1000, iterations=(4, 12)):
+        syncs = 4.0 if (method == "am-sgd" and batch) else 1.0
+        return {"syncs": syncs, "ops": {"am-mgd": 40.0, "mgd": 20.0}.get(method, 10.0)}
+
+    monkeypatch.setattr(_host, "minimize_counts", fake)
+    m = _row(_standins.ROWS, "minimize-syncs").measure(Settings(quick=True))
+    assert m.a == m.ratio == 4.0 and "worst: am-sgd (batch)" in m.note
+    m = _row(_standins.ROWS, "minimize-ops").measure(Settings(quick=True))
+    assert (m.a, m.b, m.ratio) == (40.0, 20.0, pytest.approx(40 / 32))
+
+
+def test_host_time_row_is_over_the_budget(monkeypatch):
+    class Case:
+        def __init__(self, optimizer, shapes):
+            self.n_tensors, self.launches = len(shapes), Counter(adam_reduce=1)
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(_host, "TritonHostCase", Case)
+    monkeypatch.setattr(_standins, "timed_rounds", lambda w, **kw: {"a": {"total": [1e-3] * 5}})
+    m = _row(_standins.ROWS, "triton-host-adamw").measure(Settings(quick=True, repeat=5))
+    assert m.a == pytest.approx(1.0) and m.b == _standins.HOST_BUDGET_MS
+    assert m.ratio == pytest.approx(1.0 / _standins.HOST_BUDGET_MS)
+
+
+@needs_triton
+def test_standin_rows_run_quick():
+    """Every stand-in row measures at small sizes, through the command."""
+    keys = ["triton-host-amsgd-1480", "foreach-ops", "minimize-ops"]
+    results = _cli.run_rows([_row(_cli.ROWS, k) for k in keys], Settings(repeat=2, quick=True))
+    assert [r.status for r in results] != [] and all(r.error is None for r in results)
+    assert all(r.measured is not None and r.measured.ratio > 0 for r in results)
+
+
+def test_asv_and_cli_share_the_host_cases():
+    assert cases.gpt2_small_shapes() == _standins.layout(148)
+
+
+# --------------------------------------------------------------------------- imports
+
+
+def _bench_imports():
+    graph = {}
+    for path in BENCH.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "amopt.bench":
+                    deps |= {a.name for a in node.names}
+                elif node.module.startswith("amopt.bench."):
+                    deps.add(node.module.rsplit(".", 1)[1])
+        graph[path.stem] = deps
+    return graph
+
+
+def test_bench_modules_import_only_those_below_them():
+    graph = _bench_imports()
+    assert not any("_cli" in deps for name, deps in graph.items() if name not in
+                   ("__init__", "__main__"))  # fmt: skip
+    # acyclic: repeatedly remove modules with no remaining dependencies
+    remaining = {k: v & set(graph) for k, v in graph.items()}
+    while remaining:
+        leaves = [k for k, v in remaining.items() if not v - {k}]
+        assert leaves, f"import cycle among {sorted(remaining)}"
+        for k in leaves:
+            del remaining[k]
+        for v in remaining.values():
+            v -= set(leaves)
+    assert graph["_records"] <= {"_timing"}
