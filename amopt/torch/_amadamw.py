@@ -75,6 +75,11 @@ def _config(group: dict[str, Any]) -> AMConfig:
     return AMConfig.cached(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
+def _plan_flags(group: dict[str, Any]) -> tuple:
+    """What a group's Triton plan depends on besides its tensors."""
+    return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
+
+
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
     check_bool("capturable", group["capturable"])
     check_lr(group["lr"], foreach=group["foreach"], capturable=group["capturable"])
@@ -369,6 +374,9 @@ class AMAdamW(AMOptimizerBase):
 
         grad_scale, found_inf = self._amp()
         for group in self.param_groups:
+            flags = _plan_flags(group)
+            if not torch.compiler.is_compiling() and self._planned_step(group, flags):
+                continue
             params: list[Tensor] = []
             grads: list[Tensor] = []
             exp_avgs: list[Tensor] = []
@@ -382,6 +390,7 @@ class AMAdamW(AMOptimizerBase):
             beta1, beta2 = (as_float(b) for b in group["betas"])
             check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)  # schedulers write it
             path = self._path(group, params, grads)
+            process_group = _distributed.scope_group(self, group, grads)
             betas, new_prods = am_adamw(
                 params,
                 grads,
@@ -408,13 +417,36 @@ class AMAdamW(AMOptimizerBase):
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
                 capturable=group["capturable"],
-                process_group=_distributed.scope_group(self, group, grads),
+                process_group=process_group,
             )
             skip = InfSkip(found_inf, ())
             self._store_state(
                 group, params, [("beta", betas, skip), ("beta1_prod", new_prods, None)]
             )
+            if path == "triton" and process_group is None:
+                self._keep_group_plan("adam", group, flags, params, grads, [exp_avgs, exp_avg_sqs])
         return loss
+
+    def _planned_step(self, group: dict[str, Any], flags: tuple) -> bool:
+        """The group's step on its Triton plan, if it has one that still applies."""
+        plan, grads = self._group_plan(group, flags)
+        if plan is None:
+            return False
+        beta1, beta2 = (as_float(b) for b in group["betas"])
+        check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)
+        h = AdamHyper(
+            as_float(group["lr"]),
+            beta2,
+            group["eps"],
+            group["weight_decay"],
+            group["weight_decay_mode"],
+            group["maximize"],
+            _config(group),
+        )
+        t = AdamTensors(plan.params, grads, *plan.tensors, [], [])
+        amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
+        triton_module().triton_am_adamw(t, h, amp, plan=plan.plan, state=plan.state)
+        return True
 
 
 class AMAdam(AMAdamW):
@@ -609,7 +641,8 @@ def am_adamw(
     path, reason = default_path(params, grads, fused=fused, foreach=foreach)
     if reason is not None:
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
-    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+    compiling = torch.compiler.is_compiling()
+    if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
     h = AdamHyper(
         as_float(lr), as_float(beta2), eps, weight_decay, weight_decay_mode, maximize, config
@@ -617,7 +650,9 @@ def am_adamw(
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves
-        return triton_module().triton_am_adamw(t, h, amp)
+        if compiling:  # one node of the graph
+            return _fused_ops.triton_am_adamw_traced(t, h, amp)
+        return triton_module().triton_am_adamw(t, h, amp, sync=sync)
     if path == "fused":  # so do the C kernels
         if sync is None and torch.compiler.is_compiling():  # one node of the graph
             return _fused_ops.fused_am_adamw_traced(t, h, amp)

@@ -67,6 +67,11 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     return AMConfig.cached(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
 
 
+def _plan_flags(group: dict[str, Any]) -> tuple:
+    """What a group's Triton plan depends on besides its tensors."""
+    return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
+
+
 def _validate(group: dict[str, Any]) -> None:
     check_lr(group["lr"], foreach=group["foreach"])
     _config(group)
@@ -360,6 +365,9 @@ class AMSGD(AMOptimizerBase):
         # reconcile every cap first, so that an invalid one fails before any group steps
         caps = [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
         for group, beta_max in zip(self.param_groups, caps, strict=True):
+            flags = _plan_flags(group)
+            if not torch.compiler.is_compiling() and self._planned_step(group, flags, beta_max):
+                continue
             params: list[Tensor] = []
             grads: list[Tensor] = []
             momentum_buffer_list: list[Tensor | None] = []
@@ -370,6 +378,7 @@ class AMSGD(AMOptimizerBase):
                 continue
 
             path = self._path(group, params, grads)
+            process_group = _distributed.scope_group(self, group, grads)
             betas = amsgd(
                 params,
                 grads,
@@ -390,13 +399,32 @@ class AMSGD(AMOptimizerBase):
                 beta_high=group["beta_high"],
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
-                process_group=_distributed.scope_group(self, group, grads),
+                process_group=process_group,
             )
 
             for p, buf in zip(params, momentum_buffer_list, strict=True):
                 self.state[p]["momentum_buffer"] = buf
             self._store_state(group, params, [("beta", betas, InfSkip(found_inf, ()))])
+            if path == "triton" and process_group is None:
+                bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
+                self._keep_group_plan("sgd", group, flags, params, grads, [bufs])
         return loss
+
+    def _planned_step(self, group: dict[str, Any], flags: tuple, beta_max: float) -> bool:
+        """The group's step on its Triton plan, if it has one that still applies."""
+        plan, grads = self._group_plan(group, flags)
+        if plan is None:
+            return False
+        h = SGDHyper(
+            as_float(group["lr"]),
+            group["weight_decay"],
+            group["maximize"],
+            _config(group, beta_max),
+        )
+        t = SGDTensors(plan.params, grads, *plan.tensors, [])
+        amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
+        triton_module().triton_amsgd(t, h, amp, plan=plan.plan, state=plan.state)
+        return True
 
 
 # --------------------------------------------------------------------------- functional
@@ -492,15 +520,19 @@ def amsgd(
     path, reason = default_path(params, grads, fused=fused, foreach=foreach)
     if reason is not None:
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
-    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+    compiling = torch.compiler.is_compiling()
+    if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
     h = SGDHyper(as_float(lr), weight_decay, maximize, config)
     t = SGDTensors(params, grads, momentum_buffer_list, state_steps)
     amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves
-        betas = triton_module().triton_amsgd(t, h, amp)
+        if compiling and all(b is not None for b in momentum_buffer_list):  # one graph node
+            betas = _fused_ops.triton_amsgd_traced(t, h, amp)
+        else:
+            betas = triton_module().triton_amsgd(t, h, amp, sync=sync)
     elif path == "fused":  # so do the C kernels
-        traced = sync is None and torch.compiler.is_compiling()
+        traced = sync is None and compiling
         if traced and all(b is not None for b in momentum_buffer_list):  # one graph node
             betas = _fused_ops.fused_amsgd_traced(t, h, amp)
         else:

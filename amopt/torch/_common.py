@@ -688,6 +688,14 @@ class InfSkip:
 # --------------------------------------------------------------------------- optimizer base
 
 
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without torch.distributed
+        return None
+    return DTensor
+
+
 def _same_kind(old: Any, new: Tensor) -> bool:
     return (
         isinstance(old, Tensor)
@@ -715,6 +723,45 @@ class AMOptimizerBase(Optimizer):
             seen = self.__dict__.setdefault("_fallback_warned", set())
             warn_path_fallback(reason, seen, stacklevel=4)
         return path
+
+    def _group_plan(self, group: dict[str, Any], flags: tuple) -> tuple[Any, list[Tensor] | None]:
+        """The group's Triton plan (``amopt.torch._triton.GroupPlan``) and this step's
+        gradients, or ``(None, None)`` where the group has none or it no longer applies."""
+        plans = self.__dict__.get("_am_plans")
+        if not plans:
+            return None, None
+        plan = plans.get(id(group))
+        if plan is None:
+            return None, None
+        grads = plan.grads(group, flags)
+        if grads is None:
+            del plans[id(group)]
+            return None, None
+        return plan, grads
+
+    def _keep_group_plan(
+        self,
+        kind: str,
+        group: dict[str, Any],
+        flags: tuple,
+        params: list[Tensor],
+        grads: list[Tensor],
+        buffers: list[list[Tensor]],
+    ) -> None:
+        """After a Triton step of an unsharded group: plan its next steps (see
+        ``amopt.torch._triton.group_plan``), moving its 0-d state into group tensors."""
+        if torch.compiler.is_compiling():
+            return
+        dtensor = _dtensor_type()
+        if dtensor is not None and any(isinstance(p, dtensor) for p in params):
+            return
+        mod = triton_module()
+        plan = mod.group_plan(kind, self.state, group, flags, params, grads, buffers)
+        if plan is not None:
+            self.__dict__.setdefault("_am_plans", {})[id(group)] = plan
+
+    def _drop_group_plans(self) -> None:
+        self.__dict__.pop("_am_plans", None)
 
     def _amp(self) -> tuple[Tensor | None, Tensor | None]:
         """``grad_scale`` and ``found_inf`` set by ``torch.amp.GradScaler`` for this step."""
@@ -826,6 +873,7 @@ class AMOptimizerBase(Optimizer):
         parameter's device. Step counters are kept on the CPU (on the parameter's
         device with ``capturable=True``).
         """
+        self._drop_group_plans()
         super().load_state_dict(state_dict)
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -686,9 +687,7 @@ def _layout(
     return _Layout(launches=launches, arrays=arrays, scope_of=scope_of)
 
 
-def build_plan(
-    columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False
-) -> Plan:
+def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
     """The plan of a step over tensors ``i`` described by ``columns[k][i]`` for every ``k``.
 
     ``columns[0]`` are the parameters; every column's tensors are contiguous, of their
@@ -847,9 +846,7 @@ def _scaler_tensor(name: str, value: Tensor | None, device: torch.device) -> Ten
 
 def _stacked_steps(state_steps: Sequence[Tensor], device: torch.device) -> Tensor:
     """The step counters (before this step) as one float64 tensor on ``device``."""
-    return torch.stack([s.detach().reshape(()).to(device) for s in state_steps]).to(
-        torch.float64
-    )
+    return torch.stack([s.detach().reshape(()).to(device) for s in state_steps]).to(torch.float64)
 
 
 def _count_step(state_steps: Sequence[Tensor], found_inf: Tensor | None) -> None:
@@ -1303,3 +1300,146 @@ def triton_am_adamw(
             _per_tensor(betas, plan, h.config.per_layer),
             _per_tensor(new_prods, plan, h.config.per_layer),
         )
+
+
+# --------------------------------------------------------------------------- optimizer groups
+
+
+class GroupPlan:
+    """A param group's Triton step, ready to launch at every step of an optimizer.
+
+    Built by :func:`group_plan` after a step of the group (its state then exists):
+    the :class:`Plan` of the group's tensors (parameters with a gradient, their
+    gradients and state buffers) and a :class:`GroupState` into which the group's
+    0-d state entries (``step``, ``beta`` and AM-Adam(W)'s ``beta1_prod``) are moved:
+    every ``optimizer.state[p]`` entry becomes a view of it, so that the entries keep
+    the values of the step as ``torch.optim`` state does (``state_dict``, schedulers,
+    checkpoints) while a step updates them with a few device operations. The counters
+    move to the parameters' device, as those of ``torch.optim.AdamW(fused=True)``.
+
+    :meth:`grads` is the check of each step: the gradients of the same parameters,
+    at the addresses the plan was built with, the parameters at theirs, no new
+    gradient on a parameter the plan leaves out. Anything else (``p.data`` or a
+    gradient reallocated elsewhere, a parameter without its gradient, a changed
+    param group) returns ``None`` and the optimizer takes its general step, which
+    builds a new plan.
+    """
+
+    __slots__ = (
+        "flags",
+        "grad_ptrs",
+        "grads_seen",
+        "group_params",
+        "idle",
+        "n_group",
+        "param_ptrs",
+        "params",
+        "plan",
+        "state",
+        "tensors",
+    )
+
+    def __init__(
+        self,
+        flags: tuple,
+        group_params: list[Tensor],
+        params: list[Tensor],
+        grads: list[Tensor],
+        tensors: tuple,
+        plan: Plan,
+        state: GroupState,
+    ) -> None:
+        self.flags = flags
+        self.group_params = group_params
+        self.n_group = len(group_params)
+        self.params = params
+        self.idle = [p for p in group_params if all(p is not q for q in params)]
+        self.grads_seen = list(grads)
+        self.param_ptrs = [p.data_ptr() for p in params]
+        self.grad_ptrs = [g.data_ptr() for g in grads]
+        self.tensors = tensors
+        self.plan = plan
+        self.state = state
+
+    def grads(self, group: dict[str, Any], flags: tuple) -> list[Tensor] | None:
+        """This step's gradients if the plan still describes the group, else ``None``."""
+        if flags != self.flags or group["params"] is not self.group_params:
+            return None
+        if len(self.group_params) != self.n_group:
+            return None
+        grads = [p.grad for p in self.params]
+        if not all(map(operator.is_, grads, self.grads_seen)):
+            try:
+                if [g.data_ptr() for g in grads] != self.grad_ptrs:
+                    return None
+                if not all(g.is_contiguous() and g.layout == torch.strided for g in grads):
+                    return None
+            except (AttributeError, RuntimeError):  # None, or a layout without storage
+                return None
+            self.grads_seen = grads
+        if [p.data_ptr() for p in self.params] != self.param_ptrs:
+            return None
+        for p in self.idle:
+            if p.grad is not None:
+                return None
+        return grads
+
+
+def group_plan(
+    kind: str,
+    optimizer_state: Any,
+    group: dict[str, Any],
+    flags: tuple,
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffers: list[list[Tensor]],
+) -> GroupPlan | None:
+    """The :class:`GroupPlan` of a group that has just stepped on the Triton path.
+
+    ``kind``: ``"sgd"`` (``buffers``: the momentum buffers) or ``"adam"``
+    (``exp_avgs, exp_avg_sqs``). ``None`` where the tensors do not qualify (see
+    :func:`available`).
+    """
+    if not params or available([*params, *grads, *(t for col in buffers for t in col)]):
+        return None
+    per_layer = bool(group["per_layer"])
+    with torch.no_grad():
+        plan = build_plan([params, grads, *buffers], per_layer, wide=kind == "sgd")
+        device = plan.device
+        states = [optimizer_state[p] for p in params]
+        steps = torch.stack([s["step"].detach().reshape(()).to(device) for s in states])
+
+        def gathered(key: str, dtypes: list[torch.dtype]) -> list[Tensor]:
+            return [
+                torch.stack([states[r][key].detach().reshape(()).to(device, dt) for r in rows])
+                for rows, dt in zip(plan.rows, dtypes, strict=True)
+            ]
+
+        betas = gathered("beta", plan.out_dtypes)
+        prods = (
+            gathered("beta1_prod", [acc for acc, *_ in plan.arrays]) if kind == "adam" else None
+        )
+        views = {"beta": [b.unbind() for b in betas]}
+        if prods is not None:
+            views["beta1_prod"] = [p.unbind() for p in prods]
+        for state, step in zip(states, steps.unbind(), strict=True):
+            state["step"] = step
+        for i, (a, s) in enumerate(plan.scope_of):
+            for key, per_array in views.items():
+                states[i][key] = per_array[a][s]
+        if not per_layer:  # members without a gradient now share the scope's entries
+            for p in group["params"]:
+                state = optimizer_state.get(p)
+                if state and all(p is not q for q in params):
+                    for key, per_array in views.items():
+                        if key in state:
+                            state[key] = per_array[0][0]
+    return GroupPlan(
+        flags,
+        group["params"],
+        list(params),
+        grads,
+        tuple(buffers),
+        plan,
+        GroupState(steps, prods, betas),
+    )
