@@ -596,6 +596,7 @@ class Plan:
 
     device: torch.device
     per_layer: bool
+    wide: bool
     launches: list[_Launch]
     arrays: list[tuple[torch.dtype, int, Tensor, int]]
     scope_of: list[tuple[int, int]]
@@ -740,6 +741,7 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
     return Plan(
         device=device,
         per_layer=per_layer,
+        wide=wide,
         launches=launches,
         arrays=layout.arrays,
         scope_of=layout.scope_of,
@@ -1368,20 +1370,26 @@ class GroupPlan:
         if len(self.group_params) != self.n_group:
             return None
         grads = [p.grad for p in self.params]
-        if not all(map(operator.is_, grads, self.grads_seen)):
-            try:
-                if [g.data_ptr() for g in grads] != self.grad_ptrs:
-                    return None
-                if not all(g.is_contiguous() and g.layout == torch.strided for g in grads):
-                    return None
-            except (AttributeError, RuntimeError):  # None, or a layout without storage
-                return None
-            self.grads_seen = grads
         if [p.data_ptr() for p in self.params] != self.param_ptrs:
             return None
         for p in self.idle:
             if p.grad is not None:
                 return None
+        if not all(map(operator.is_, grads, self.grads_seen)):
+            try:
+                ptrs = [g.data_ptr() for g in grads]
+                if not all(g.is_contiguous() and g.layout == torch.strided for g in grads):
+                    return None
+            except (AttributeError, RuntimeError):  # None, or a layout without storage
+                return None
+            if ptrs != self.grad_ptrs:
+                # gradients allocated elsewhere (autograd gives them the parameters' shape
+                # and dtype): new address tables, the rest of the plan stays
+                self.plan = build_plan(
+                    [self.params, grads, *self.tensors], self.plan.per_layer, self.plan.wide
+                )
+                self.grad_ptrs = ptrs
+            self.grads_seen = grads
         return grads
 
 
