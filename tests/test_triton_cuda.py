@@ -177,6 +177,7 @@ def test_host_time_report():
             host.sort()
             total.sort()
             rows.append(
-                f"{name:>5} {label:14s} host {host[10] * 1e3:7.3f} ms  step {total[10] * 1e3:7.3f} ms"
+                f"{name:>5} {label:14s} host {host[10] * 1e3:7.3f} ms"
+                f"  step {total[10] * 1e3:7.3f} ms"
             )
     print("\n" + "\n".join(rows))
