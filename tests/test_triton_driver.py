@@ -233,9 +233,9 @@ COMPILED_CASES = [
 
 @pytest.mark.parametrize(("cls", "kw"), COMPILED_CASES)
 def test_compiled_step_is_one_node_fullgraph_without_recompiles(cls, kw):
-    """``fullgraph=True``: one graph holding the Triton operator, compiled once over four
-    steps (the state made at the first one included), and the eager iterates. (``lr``
-    is read as a number, a constant of the graph: a scheduler changing it recompiles.)"""
+    """``fullgraph=True``, a scheduler changing a tensor ``lr`` at every step (a float
+    ``lr`` is a constant of the graph, as for torch's optimizers): one graph holding the
+    Triton operator, compiled once over four steps, and the eager iterates."""
     params = _params(4)
     eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     lr = torch.tensor(kw["lr"], dtype=torch.float64)
@@ -252,12 +252,17 @@ def test_compiled_step_is_one_node_fullgraph_without_recompiles(cls, kw):
         return aot_eager(gm, example_inputs)
 
     step = torch.compile(opt.step, fullgraph=True, backend=backend)
+    # made after compiling the bound step: a scheduler wraps ``opt.step`` in a function
+    # dynamo does not trace
+    schedulers = [torch.optim.lr_scheduler.ExponentialLR(o, 0.8) for o in (opt, eager)]
     for t in range(4):
         grads = _grads(params, t)
         _set_grads(params, grads)
         step()
         _set_grads(eager_params, grads)
         eager.step()
+        for sch in schedulers:  # a new lr in the tensor at every step
+            sch.step()
         for p, q in zip(params, eager_params, strict=True):
             torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
@@ -281,7 +286,8 @@ def test_the_triton_operators_pass_opcheck():
         [torch.ones((), dtype=torch.float64) for _ in params],
         None,
         None,
-        [1e-2, 0.99, 1e-8, 0.01, *numbers_rule],
+        torch.tensor(1e-2, dtype=torch.float64),
+        [0.0, 0.99, 1e-8, 0.01, *numbers_rule],
         "decoupled",
         False,
         True,
@@ -293,6 +299,7 @@ def test_the_triton_operators_pass_opcheck():
         grads,
         [g.clone() for g in grads],
         [torch.zeros(()) for _ in params],
+        None,
         None,
         None,
         [0.05, 0.0, *numbers_rule],

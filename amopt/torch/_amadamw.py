@@ -80,6 +80,19 @@ def _plan_flags(group: dict[str, Any]) -> tuple:
     return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
 
 
+def _step_lr(lr: Any) -> Any:
+    """The ``lr`` a step hands on: a tensor as it is while ``torch.compile`` traces (the
+    Triton operator reads it when it runs: a scheduler's new value needs no new graph)."""
+    return lr if torch.compiler.is_compiling() and isinstance(lr, Tensor) else as_float(lr)
+
+
+def _hyper_lr(lr: Any, path: str) -> Any:
+    """``lr`` as a number, or as the traced tensor for the Triton operator."""
+    if path == "triton" and isinstance(lr, Tensor) and torch.compiler.is_compiling():
+        return lr
+    return as_float(lr)
+
+
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
     check_bool("capturable", group["capturable"])
     check_lr(group["lr"], foreach=group["foreach"], capturable=group["capturable"])
@@ -402,7 +415,7 @@ class AMAdamW(AMOptimizerBase):
                 fused=path in ("fused", "triton"),
                 grad_scale=grad_scale,
                 found_inf=found_inf,
-                lr=as_float(group["lr"]),
+                lr=_step_lr(group["lr"]),
                 beta1=beta1,
                 beta2=beta2,
                 eps=group["eps"],
@@ -645,7 +658,13 @@ def am_adamw(
     if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
     h = AdamHyper(
-        as_float(lr), as_float(beta2), eps, weight_decay, weight_decay_mode, maximize, config
+        _hyper_lr(lr, path),
+        as_float(beta2),
+        eps,
+        weight_decay,
+        weight_decay_mode,
+        maximize,
+        config,
     )
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     amp = Scaler(grad_scale, found_inf)

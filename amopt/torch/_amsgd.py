@@ -72,6 +72,19 @@ def _plan_flags(group: dict[str, Any]) -> tuple:
     return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
 
 
+def _step_lr(lr: Any) -> Any:
+    """The ``lr`` a step hands on: a tensor as it is while ``torch.compile`` traces (the
+    Triton operator reads it when it runs: a scheduler's new value needs no new graph)."""
+    return lr if torch.compiler.is_compiling() and isinstance(lr, Tensor) else as_float(lr)
+
+
+def _hyper_lr(lr: Any, path: str) -> Any:
+    """``lr`` as a number, or as the traced tensor for the Triton operator."""
+    if path == "triton" and isinstance(lr, Tensor) and torch.compiler.is_compiling():
+        return lr
+    return as_float(lr)
+
+
 def _validate(group: dict[str, Any]) -> None:
     check_lr(group["lr"], foreach=group["foreach"])
     _config(group)
@@ -388,7 +401,7 @@ class AMSGD(AMOptimizerBase):
                 fused=path in ("fused", "triton"),
                 grad_scale=grad_scale,
                 found_inf=found_inf,
-                lr=as_float(group["lr"]),
+                lr=_step_lr(group["lr"]),
                 lam=group["lam"],
                 beta_max=beta_max,
                 weight_decay=group["weight_decay"],
@@ -523,7 +536,7 @@ def amsgd(
     compiling = torch.compiler.is_compiling()
     if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
-    h = SGDHyper(as_float(lr), weight_decay, maximize, config)
+    h = SGDHyper(_hyper_lr(lr, path), weight_decay, maximize, config)
     t = SGDTensors(params, grads, momentum_buffer_list, state_steps)
     amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves

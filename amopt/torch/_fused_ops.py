@@ -190,6 +190,7 @@ def _triton_am_adamw_op(
     beta1_prods: list[Tensor],
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
+    lr_tensor: Tensor | None,
     numbers: list[float],
     weight_decay_mode: str,
     maximize: bool,
@@ -198,11 +199,14 @@ def _triton_am_adamw_op(
 ) -> tuple[Tensor, Tensor]:
     """One Triton AM-AdamW step; per parameter the beta applied and its scope's product.
 
-    ``numbers`` as in ``amopt::fused_am_adamw_``.
+    ``numbers`` as in ``amopt::fused_am_adamw_``; ``lr_tensor``, when given, is ``lr``
+    (read here, when the step runs, so that a compiled step follows a scheduler).
     """
     from amopt.torch._common import triton_module
 
     lr, beta2, eps, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
     config = _config(rule, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
@@ -217,12 +221,20 @@ def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, *args):  #
     return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
 
 
+def _lr(lr: Any) -> tuple[Tensor | None, float]:
+    """A tensor ``lr`` goes to the operator as a tensor (0.0 in ``numbers``)."""
+    if isinstance(lr, Tensor):
+        return lr.reshape(()), 0.0
+    return None, float(lr)
+
+
 def triton_am_adamw_traced(
     t: AdamTensors, h: AdamHyper, amp: Scaler
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The Triton AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
-    numbers = [float(h.lr), float(h.beta2), float(h.eps), float(h.weight_decay)]
+    lr_tensor, lr = _lr(h.lr)
+    numbers = [lr, float(h.beta2), float(h.eps), float(h.weight_decay)]
     numbers += _rule_numbers(c)
     betas, prods = _triton_am_adamw_op(
         list(t.params),
@@ -233,6 +245,7 @@ def triton_am_adamw_traced(
         list(t.beta1_prods),
         amp.grad_scale,
         amp.found_inf,
+        lr_tensor,
         numbers,
         h.weight_decay_mode,
         bool(h.maximize),
@@ -253,16 +266,20 @@ def _triton_amsgd_op(
     state_steps: list[Tensor],
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
+    lr_tensor: Tensor | None,
     numbers: list[float],
     maximize: bool,
     per_layer: bool,
     variant: str | None,
 ) -> Tensor:
     """One Triton AMSGD step; per parameter the beta applied (``numbers`` as in
-    ``amopt::fused_amsgd_``). Every momentum buffer exists."""
+    ``amopt::fused_amsgd_``, ``lr_tensor`` as in ``amopt::triton_am_adamw_``). Every
+    momentum buffer exists."""
     from amopt.torch._common import triton_module
 
     lr, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
     h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     betas = triton_module().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
@@ -277,6 +294,7 @@ def _(params, *args):  # noqa: ANN001, ANN002, ANN202
 def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
     """The Triton AMSGD step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
+    lr_tensor, lr = _lr(h.lr)
     betas = _triton_amsgd_op(
         list(t.params),
         list(t.grads),
@@ -284,7 +302,8 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
         list(t.state_steps),
         amp.grad_scale,
         amp.found_inf,
-        [float(h.lr), float(h.weight_decay), *_rule_numbers(c)],
+        lr_tensor,
+        [lr, float(h.weight_decay), *_rule_numbers(c)],
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
