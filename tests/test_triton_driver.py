@@ -308,3 +308,48 @@ def test_the_triton_operators_pass_opcheck():
         None,
     )
     torch.library.opcheck(_fused_ops._triton_amsgd_op, sgd_args)
+
+
+# --------------------------------------------------------------------------- layering
+
+
+def test_the_torch_package_has_no_import_circles():
+    """Every import between the modules of ``amopt.torch`` (function-level ones included)
+    points down: optimizer classes, then the drivers, then the shared records."""
+    import ast
+    from pathlib import Path
+
+    import amopt.torch
+
+    root = Path(amopt.torch.__file__).parent
+    modules = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for m in modules:
+        for node in ast.walk(ast.parse((root / f"{m}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "amopt.torch":
+                    edges[m] |= {a.name for a in node.names if a.name in modules}
+                elif node.module.startswith("amopt.torch."):
+                    edges[m].add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("amopt.torch."):
+                        edges[m].add(a.name.split(".")[2])
+    assert edges["_records"] == set()
+    assert {"_amsgd", "_amadamw"}.isdisjoint(
+        set().union(*(edges[m] for m in modules - {"_amsgd", "_amadamw"}))
+    )
+
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for n in edges[m]:
+            assert state.get(n) != 1, f"import circle: {' -> '.join([*path, m, n])}"
+            if n not in state:
+                visit(n, [*path, m])
+        state[m] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m, [])

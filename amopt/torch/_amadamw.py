@@ -1087,3 +1087,6 @@ def _multi_tensor_am_adamw(
     for kernels, one_minus_beta in steps:
         kernels.apply(one_minus_beta, lr=lr, weight_decay=wd, mode=weight_decay_mode)
     return betas, new_prods
+
+
+_fused_ops.register_driver("fused_am_adamw", _fused_am_adamw)

@@ -748,3 +748,6 @@ def _multi_tensor_amsgd(
             torch._foreach_copy_(bufs_low, dev_bufs)
             torch._foreach_copy_(params_low, dev_params)
     return betas
+
+
+_fused_ops.register_driver("fused_amsgd", _fused_amsgd)

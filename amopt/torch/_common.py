@@ -14,13 +14,26 @@ import importlib.util
 import warnings
 from collections.abc import Iterable, Sequence
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
 from amopt._config import AMConfig, check_betas, check_bool, check_nonnegative
+from amopt.torch import _fused
+from amopt.torch._records import (  # noqa: F401 - the records, re-exported
+    NO_SCALER,
+    AdamHyper,
+    AdamTensors,
+    FusedFallbackWarning,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+    accumulation_dtype,
+    as_real,
+    real_dtype,
+)
 
 __all__: list[str] = []
 
@@ -153,69 +166,6 @@ def rule_config(**kwargs: Any) -> AMConfig:
 # --------------------------------------------------------------------------- dtypes, steps
 
 
-class SGDTensors(NamedTuple):
-    """The lists an AMSGD step reads and updates, aligned by parameter."""
-
-    params: list[Tensor]
-    grads: list[Tensor]
-    momentum_buffer_list: list[Tensor | None]
-    state_steps: list[Tensor]
-
-
-class SGDHyper(NamedTuple):
-    """The hyper-parameters every implementation of an AMSGD step takes."""
-
-    lr: float
-    weight_decay: float
-    maximize: bool
-    config: AMConfig
-
-
-class AdamTensors(NamedTuple):
-    """The lists an AM-Adam(W) step reads and updates, aligned by parameter."""
-
-    params: list[Tensor]
-    grads: list[Tensor]
-    exp_avgs: list[Tensor]
-    exp_avg_sqs: list[Tensor]
-    state_steps: list[Tensor]
-    beta1_prods: list[Tensor]
-
-
-class AdamHyper(NamedTuple):
-    """The hyper-parameters every implementation of an AM-Adam(W) step takes."""
-
-    lr: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    weight_decay_mode: str
-    maximize: bool
-    config: AMConfig
-
-
-class Scaler(NamedTuple):
-    """``torch.amp.GradScaler``'s fused protocol: gradients times ``grad_scale``; skip
-    the step where ``found_inf`` is non-zero."""
-
-    grad_scale: Tensor | None = None
-    found_inf: Tensor | None = None
-
-
-#: No gradient scaler.
-NO_SCALER = Scaler()
-
-
-def accumulation_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
-    """float64 if any of ``dtypes`` is float64, else float32 (half precision is promoted)."""
-    return torch.float64 if any(dt == torch.float64 for dt in dtypes) else torch.float32
-
-
-def real_dtype(t: Tensor) -> torch.dtype:
-    """The dtype of ``t`` seen as real numbers (``complex128 -> float64``)."""
-    return t.real.dtype if torch.is_complex(t) else t.dtype
-
-
 def new_step(device: torch.device | None = None) -> Tensor:
     """A fresh step counter: a 0-d tensor, as in ``torch.optim.Adam``.
 
@@ -252,10 +202,6 @@ def check_capturable(params: Sequence[Tensor], steps: Sequence[Tensor]) -> None:
                 f"{devices}; got params[{k}] on {p.device} and state_steps[{k}] on "
                 f"{s.device}. Use capturable=False on this device"
             )
-
-
-def as_real(t: Tensor) -> Tensor:
-    return torch.view_as_real(t) if torch.is_complex(t) else t
 
 
 def cast(tensors: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
@@ -532,8 +478,6 @@ def _fused_cpu_missing() -> str:
     Loading takes a lock and may compile; ``torch.compile`` calls this eagerly and keeps
     its result as a constant of the graph.
     """
-    from amopt.torch import _fused  # the C kernels import this module
-
     if _fused.library() is None:
         return f"the fused CPU kernels are unavailable ({_fused.fused_status()['error']})"
     return ""
@@ -608,8 +552,6 @@ def default_path(
 
 def warn_path_fallback(reason: str, seen: set[str], stacklevel: int = 3) -> None:
     """Warn once per ``reason`` (per ``seen`` set) that a group runs the foreach path."""
-    from amopt.torch._fused import FusedFallbackWarning
-
     if reason in seen:
         return
     seen.add(reason)

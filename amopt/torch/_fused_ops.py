@@ -12,13 +12,14 @@ step does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from amopt._config import AMConfig
-from amopt.torch._common import (
+from amopt.torch._records import (
     AdamHyper,
     AdamTensors,
     Scaler,
@@ -29,6 +30,21 @@ from amopt.torch._common import (
 )
 
 __all__: list[str] = []
+
+#: The fused CPU steps with their foreach fallback, by name: given by the optimizer
+#: modules (``register_driver``), which sit above this one.
+_DRIVERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_driver(name: str, driver: Callable[..., Any]) -> None:
+    """Give the operator ``amopt::<name>_`` the step it runs."""
+    _DRIVERS[name] = driver
+
+
+def _triton() -> Any:
+    from amopt.torch import _triton  # imported when a Triton step runs (needs no triton)
+
+    return _triton
 
 
 @torch.library.custom_op(
@@ -56,13 +72,11 @@ def _fused_am_adamw_op(
     ``numbers``: ``lr, beta2, eps, weight_decay`` and the rule's ``lam, beta_max,
     beta_min, theta, beta_high, beta_low``.
     """
-    from amopt.torch._amadamw import _fused_am_adamw
-
     lr, beta2, eps, weight_decay, *rule = numbers
     config = _config(rule, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
-    betas, prods = _fused_am_adamw(t, h, Scaler(grad_scale, found_inf), None)
+    betas, prods = _DRIVERS["fused_am_adamw"](t, h, Scaler(grad_scale, found_inf), None)
     dtype = _dtype(params)
     return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
 
@@ -107,12 +121,10 @@ def _fused_amsgd_op(
     beta_high, beta_low``. Every momentum buffer exists (the optimizer makes it
     ``d = g`` before the first step).
     """
-    from amopt.torch._amsgd import _fused_amsgd
-
     lr, weight_decay, *rule = numbers
     h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
-    betas = _fused_amsgd(t, h, Scaler(grad_scale, found_inf), None)
+    betas = _DRIVERS["fused_amsgd"](t, h, Scaler(grad_scale, found_inf), None)
     return torch.stack(betas).to(_dtype(params))
 
 
@@ -202,15 +214,13 @@ def _triton_am_adamw_op(
     ``numbers`` as in ``amopt::fused_am_adamw_``; ``lr_tensor``, when given, is ``lr``
     (read here, when the step runs, so that a compiled step follows a scheduler).
     """
-    from amopt.torch._common import triton_module
-
     lr, beta2, eps, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = float(lr_tensor)
     config = _config(rule, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
-    betas, prods = triton_module().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
+    betas, prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
     dtype = _dtype(params)
     return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
 
@@ -275,14 +285,12 @@ def _triton_amsgd_op(
     """One Triton AMSGD step; per parameter the beta applied (``numbers`` as in
     ``amopt::fused_amsgd_``, ``lr_tensor`` as in ``amopt::triton_am_adamw_``). Every
     momentum buffer exists."""
-    from amopt.torch._common import triton_module
-
     lr, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = float(lr_tensor)
     h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
-    betas = triton_module().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
+    betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
     return torch.stack(betas).to(_dtype(params))
 
 

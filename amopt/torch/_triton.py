@@ -54,7 +54,7 @@ from torch import Tensor
 
 from amopt import _rule
 from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
-from amopt.torch._common import NO_SCALER, AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
+from amopt.torch._records import NO_SCALER, AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
 
 if TYPE_CHECKING:
     import triton.language as tl
