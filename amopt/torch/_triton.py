@@ -624,9 +624,22 @@ def _acc_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
     return torch.float64 if torch.float64 in set(dtypes) else torch.float32
 
 
+#: The pinned host copies of the tables on the GPU, kept for as long as the process: a
+#: plan built while a CUDA graph is captured (``torch.compile(mode="reduce-overhead")``
+#: records the step's first run with new input buffers) copies its tables from pinned
+#: memory, and the graph replays that copy from the same host memory.
+_PINNED: list[Tensor] = []
+
+
 def _to(t: Tensor, device: torch.device) -> Tensor:
     """A host-built table on ``device`` (when a plan is built, never per step)."""
-    return t if device.type == "cpu" else t.to(device)
+    if device.type == "cpu":
+        return t
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        pinned = t.pin_memory()
+        _PINNED.append(pinned)
+        return pinned.to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _layout(
