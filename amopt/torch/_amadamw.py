@@ -75,6 +75,24 @@ def _config(group: dict[str, Any]) -> AMConfig:
     return AMConfig.cached(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
+def _plan_flags(group: dict[str, Any]) -> tuple:
+    """What a group's Triton plan depends on besides its tensors."""
+    return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
+
+
+def _step_lr(lr: Any) -> Any:
+    """The ``lr`` a step hands on: a tensor as it is while ``torch.compile`` traces (the
+    Triton operator reads it when it runs: a scheduler's new value needs no new graph)."""
+    return lr if torch.compiler.is_compiling() and isinstance(lr, Tensor) else as_float(lr)
+
+
+def _hyper_lr(lr: Any, path: str) -> Any:
+    """``lr`` as a number, or as the traced tensor for the Triton operator."""
+    if path == "triton" and isinstance(lr, Tensor) and torch.compiler.is_compiling():
+        return lr
+    return as_float(lr)
+
+
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
     check_bool("capturable", group["capturable"])
     check_lr(group["lr"], foreach=group["foreach"], capturable=group["capturable"])
@@ -370,6 +388,9 @@ class AMAdamW(AMOptimizerBase):
 
         grad_scale, found_inf = self._amp()
         for group in self.param_groups:
+            flags = _plan_flags(group)
+            if not torch.compiler.is_compiling() and self._planned_step(group, flags):
+                continue
             params: list[Tensor] = []
             grads: list[Tensor] = []
             exp_avgs: list[Tensor] = []
@@ -383,6 +404,7 @@ class AMAdamW(AMOptimizerBase):
             beta1, beta2 = (as_float(b) for b in group["betas"])
             check_beta("betas[0]", beta1)  # schedulers write it
             path = self._path(group, params, grads)
+            process_group = _distributed.scope_group(self, group, grads)
             betas, new_prods = am_adamw(
                 params,
                 grads,
@@ -394,7 +416,7 @@ class AMAdamW(AMOptimizerBase):
                 fused=path in ("fused", "triton"),
                 grad_scale=grad_scale,
                 found_inf=found_inf,
-                lr=as_float(group["lr"]),
+                lr=_step_lr(group["lr"]),
                 beta1=beta1,
                 beta2=beta2,
                 eps=group["eps"],
@@ -409,13 +431,36 @@ class AMAdamW(AMOptimizerBase):
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
                 capturable=group["capturable"],
-                process_group=_distributed.scope_group(self, group, grads),
+                process_group=process_group,
             )
             skip = InfSkip(found_inf, ())
             self._store_state(
                 group, params, [("beta", betas, skip), ("beta1_prod", new_prods, None)]
             )
+            if path == "triton" and process_group is None:
+                self._keep_group_plan("adam", group, flags, params, grads, [exp_avgs, exp_avg_sqs])
         return loss
+
+    def _planned_step(self, group: dict[str, Any], flags: tuple) -> bool:
+        """The group's step on its Triton plan, if it has one that still applies."""
+        plan, grads = self._group_plan(group, flags)
+        if plan is None:
+            return False
+        beta1, beta2 = (as_float(b) for b in group["betas"])
+        check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)
+        h = AdamHyper(
+            as_float(group["lr"]),
+            beta2,
+            group["eps"],
+            group["weight_decay"],
+            group["weight_decay_mode"],
+            group["maximize"],
+            _config(group),
+        )
+        t = AdamTensors(plan.params, grads, *plan.tensors, [], [])
+        amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
+        triton_module().triton_am_adamw(t, h, amp, plan=plan.plan, state=plan.state)
+        return True
 
 
 class AMAdam(AMAdamW):
@@ -610,15 +655,24 @@ def am_adamw(
     path, reason = default_path(params, grads, fused=fused, foreach=foreach)
     if reason is not None:
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
-    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+    compiling = torch.compiler.is_compiling()
+    if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
     h = AdamHyper(
-        as_float(lr), as_float(beta2), eps, weight_decay, weight_decay_mode, maximize, config
+        _hyper_lr(lr, path),
+        as_float(beta2),
+        eps,
+        weight_decay,
+        weight_decay_mode,
+        maximize,
+        config,
     )
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves
-        return triton_module().triton_am_adamw(t, h, amp)
+        if compiling:  # one node of the graph
+            return _fused_ops.triton_am_adamw_traced(t, h, amp)
+        return triton_module().triton_am_adamw(t, h, amp, sync=sync)
     if path == "fused":  # so do the C kernels
         if sync is None and torch.compiler.is_compiling():  # one node of the graph
             return _fused_ops.fused_am_adamw_traced(t, h, amp)
@@ -1107,3 +1161,6 @@ def _multi_tensor_am_adamw(
     for kernels, one_minus_beta in steps:
         kernels.apply(one_minus_beta, lr=lr, weight_decay=wd, mode=weight_decay_mode)
     return betas, new_prods
+
+
+_fused_ops.register_driver("fused_am_adamw", _fused_am_adamw)

@@ -71,6 +71,24 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     return AMConfig.cached(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
 
 
+def _plan_flags(group: dict[str, Any]) -> tuple:
+    """What a group's Triton plan depends on besides its tensors."""
+    return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
+
+
+def _step_lr(lr: Any) -> Any:
+    """The ``lr`` a step hands on: a tensor as it is while ``torch.compile`` traces (the
+    Triton operator reads it when it runs: a scheduler's new value needs no new graph)."""
+    return lr if torch.compiler.is_compiling() and isinstance(lr, Tensor) else as_float(lr)
+
+
+def _hyper_lr(lr: Any, path: str) -> Any:
+    """``lr`` as a number, or as the traced tensor for the Triton operator."""
+    if path == "triton" and isinstance(lr, Tensor) and torch.compiler.is_compiling():
+        return lr
+    return as_float(lr)
+
+
 def _validate(group: dict[str, Any]) -> None:
     check_lr(group["lr"])  # a tensor lr on every path, as torch.optim.SGD takes one
     _config(group)
@@ -378,6 +396,9 @@ class AMSGD(AMOptimizerBase):
         # reconcile every cap first, so that an invalid one fails before any group steps
         caps = [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
         for group, beta_max in zip(self.param_groups, caps, strict=True):
+            flags = _plan_flags(group)
+            if not torch.compiler.is_compiling() and self._planned_step(group, flags, beta_max):
+                continue
             params: list[Tensor] = []
             grads: list[Tensor] = []
             momentum_buffer_list: list[Tensor | None] = []
@@ -388,6 +409,7 @@ class AMSGD(AMOptimizerBase):
                 continue
 
             path = self._path(group, params, grads)
+            process_group = _distributed.scope_group(self, group, grads)
             betas = amsgd(
                 params,
                 grads,
@@ -397,7 +419,7 @@ class AMSGD(AMOptimizerBase):
                 fused=path in ("fused", "triton"),
                 grad_scale=grad_scale,
                 found_inf=found_inf,
-                lr=as_float(group["lr"]),
+                lr=_step_lr(group["lr"]),
                 lam=group["lam"],
                 beta_max=beta_max,
                 weight_decay=group["weight_decay"],
@@ -408,13 +430,32 @@ class AMSGD(AMOptimizerBase):
                 beta_high=group["beta_high"],
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
-                process_group=_distributed.scope_group(self, group, grads),
+                process_group=process_group,
             )
 
             for p, buf in zip(params, momentum_buffer_list, strict=True):
                 self.state[p]["momentum_buffer"] = buf
             self._store_state(group, params, [("beta", betas, InfSkip(found_inf, ()))])
+            if path == "triton" and process_group is None:
+                bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
+                self._keep_group_plan("sgd", group, flags, params, grads, [bufs])
         return loss
+
+    def _planned_step(self, group: dict[str, Any], flags: tuple, beta_max: float) -> bool:
+        """The group's step on its Triton plan, if it has one that still applies."""
+        plan, grads = self._group_plan(group, flags)
+        if plan is None:
+            return False
+        h = SGDHyper(
+            as_float(group["lr"]),
+            group["weight_decay"],
+            group["maximize"],
+            _config(group, beta_max),
+        )
+        t = SGDTensors(plan.params, grads, *plan.tensors, [])
+        amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
+        triton_module().triton_amsgd(t, h, amp, plan=plan.plan, state=plan.state)
+        return True
 
 
 # --------------------------------------------------------------------------- functional
@@ -510,15 +551,19 @@ def amsgd(
     path, reason = default_path(params, grads, fused=fused, foreach=foreach)
     if reason is not None:
         warn_path_fallback(reason, _FUNCTIONAL_WARNED)
-    if path == "triton" and sync is not None:  # sharded scopes: not in the Triton kernels
+    compiling = torch.compiler.is_compiling()
+    if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
-    h = SGDHyper(as_float(lr), weight_decay, maximize, config)
+    h = SGDHyper(_hyper_lr(lr, path), weight_decay, maximize, config)
     t = SGDTensors(params, grads, momentum_buffer_list, state_steps)
     amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves
-        betas = triton_module().triton_amsgd(t, h, amp)
+        if compiling and all(b is not None for b in momentum_buffer_list):  # one graph node
+            betas = _fused_ops.triton_amsgd_traced(t, h, amp)
+        else:
+            betas = triton_module().triton_amsgd(t, h, amp, sync=sync)
     elif path == "fused":  # so do the C kernels
-        traced = sync is None and torch.compiler.is_compiling()
+        traced = sync is None and compiling
         if traced and all(b is not None for b in momentum_buffer_list):  # one graph node
             betas = _fused_ops.fused_amsgd_traced(t, h, amp)
         else:
@@ -770,3 +815,6 @@ def _multi_tensor_amsgd(
                 torch._foreach_copy_(ds_low, ds)
                 torch._foreach_copy_(xs_low, xs)
     return betas
+
+
+_fused_ops.register_driver("fused_amsgd", _fused_amsgd)

@@ -14,13 +14,26 @@ import importlib.util
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
 from amopt._config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
+from amopt.torch import _fused
+from amopt.torch._records import (  # noqa: F401 - the records, re-exported
+    NO_SCALER,
+    AdamHyper,
+    AdamTensors,
+    FusedFallbackWarning,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+    accumulation_dtype,
+    as_real,
+    real_dtype,
+)
 
 __all__: list[str] = []
 
@@ -190,69 +203,6 @@ def rule_config(**kwargs: Any) -> AMConfig:
 # --------------------------------------------------------------------------- dtypes, steps
 
 
-class SGDTensors(NamedTuple):
-    """The lists an AMSGD step reads and updates, aligned by parameter."""
-
-    params: list[Tensor]
-    grads: list[Tensor]
-    momentum_buffer_list: list[Tensor | None]
-    state_steps: list[Tensor]
-
-
-class SGDHyper(NamedTuple):
-    """The hyper-parameters every implementation of an AMSGD step takes."""
-
-    lr: float
-    weight_decay: float
-    maximize: bool
-    config: AMConfig
-
-
-class AdamTensors(NamedTuple):
-    """The lists an AM-Adam(W) step reads and updates, aligned by parameter."""
-
-    params: list[Tensor]
-    grads: list[Tensor]
-    exp_avgs: list[Tensor]
-    exp_avg_sqs: list[Tensor]
-    state_steps: list[Tensor]
-    beta1_prods: list[Tensor]
-
-
-class AdamHyper(NamedTuple):
-    """The hyper-parameters every implementation of an AM-Adam(W) step takes."""
-
-    lr: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    weight_decay_mode: str
-    maximize: bool
-    config: AMConfig
-
-
-class Scaler(NamedTuple):
-    """``torch.amp.GradScaler``'s fused protocol: gradients times ``grad_scale``; skip
-    the step where ``found_inf`` is non-zero."""
-
-    grad_scale: Tensor | None = None
-    found_inf: Tensor | None = None
-
-
-#: No gradient scaler.
-NO_SCALER = Scaler()
-
-
-def accumulation_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
-    """float64 if any of ``dtypes`` is float64, else float32 (half precision is promoted)."""
-    return torch.float64 if any(dt == torch.float64 for dt in dtypes) else torch.float32
-
-
-def real_dtype(t: Tensor) -> torch.dtype:
-    """The dtype of ``t`` seen as real numbers (``complex128 -> float64``)."""
-    return t.real.dtype if torch.is_complex(t) else t.dtype
-
-
 def new_step(device: torch.device | None = None) -> Tensor:
     """A fresh step counter: a 0-d tensor, as in ``torch.optim.Adam``.
 
@@ -289,10 +239,6 @@ def check_capturable(params: Sequence[Tensor], steps: Sequence[Tensor]) -> None:
                 f"{devices}; got params[{k}] on {p.device} and state_steps[{k}] on "
                 f"{s.device}. Use capturable=False on this device"
             )
-
-
-def as_real(t: Tensor) -> Tensor:
-    return torch.view_as_real(t) if torch.is_complex(t) else t
 
 
 def cast(tensors: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
@@ -713,8 +659,6 @@ def _fused_cpu_missing() -> str:
     Loading takes a lock and may compile; ``torch.compile`` calls this eagerly and keeps
     its result as a constant of the graph.
     """
-    from amopt.torch import _fused  # the C kernels import this module
-
     if _fused.library() is None:
         return f"the fused CPU kernels are unavailable ({_fused.fused_status()['error']})"
     return ""
@@ -789,8 +733,6 @@ def default_path(
 
 def warn_path_fallback(reason: str, seen: set[str], stacklevel: int = 3) -> None:
     """Warn once per ``reason`` (per ``seen`` set) that a group runs the foreach path."""
-    from amopt.torch._fused import FusedFallbackWarning
-
     if reason in seen:
         return
     seen.add(reason)
@@ -869,6 +811,14 @@ class InfSkip:
 # --------------------------------------------------------------------------- optimizer base
 
 
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without torch.distributed
+        return None
+    return DTensor
+
+
 def _same_kind(old: Any, new: Tensor) -> bool:
     return (
         isinstance(old, Tensor)
@@ -896,6 +846,45 @@ class AMOptimizerBase(Optimizer):
             seen = self.__dict__.setdefault("_fallback_warned", set())
             warn_path_fallback(reason, seen, stacklevel=4)
         return path
+
+    def _group_plan(self, group: dict[str, Any], flags: tuple) -> tuple[Any, list[Tensor] | None]:
+        """The group's Triton plan (``amopt.torch._triton.GroupPlan``) and this step's
+        gradients, or ``(None, None)`` where the group has none or it no longer applies."""
+        plans = self.__dict__.get("_am_plans")
+        if not plans:
+            return None, None
+        plan = plans.get(id(group))
+        if plan is None:
+            return None, None
+        grads = plan.grads(group, flags)
+        if grads is None:
+            del plans[id(group)]
+            return None, None
+        return plan, grads
+
+    def _keep_group_plan(
+        self,
+        kind: str,
+        group: dict[str, Any],
+        flags: tuple,
+        params: list[Tensor],
+        grads: list[Tensor],
+        buffers: list[list[Tensor]],
+    ) -> None:
+        """After a Triton step of an unsharded group: plan its next steps (see
+        ``amopt.torch._triton.group_plan``), moving its 0-d state into group tensors."""
+        if torch.compiler.is_compiling():
+            return
+        dtensor = _dtensor_type()
+        if dtensor is not None and any(isinstance(p, dtensor) for p in params):
+            return
+        mod = triton_module()
+        plan = mod.group_plan(kind, self.state, group, flags, params, grads, buffers)
+        if plan is not None:
+            self.__dict__.setdefault("_am_plans", {})[id(group)] = plan
+
+    def _drop_group_plans(self) -> None:
+        self.__dict__.pop("_am_plans", None)
 
     def _amp(self) -> tuple[Tensor | None, Tensor | None]:
         """``grad_scale`` and ``found_inf`` set by ``torch.amp.GradScaler`` for this step."""
@@ -1007,6 +996,7 @@ class AMOptimizerBase(Optimizer):
         parameter's device. Step counters are kept on the CPU (on the parameter's
         device with ``capturable=True``).
         """
+        self._drop_group_plans()
         super().load_state_dict(state_dict)
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(

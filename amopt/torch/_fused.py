@@ -70,10 +70,11 @@ import torch
 from torch import Tensor
 
 from amopt import _rule, _tape
-from amopt.torch._common import (
+from amopt.torch._records import (
     NO_SCALER,
     AdamHyper,
     AdamTensors,
+    FusedFallbackWarning,
     Scaler,
     SGDHyper,
     SGDTensors,
@@ -116,10 +117,6 @@ _DEFAULT_CHUNK_BYTES = 4 << 20
 _lock = threading.Lock()
 _state: dict[str, Any] = {"tried": False, "lib": None, "error": None, "path": None}
 _warned: set[str] = set()
-
-
-class FusedFallbackWarning(UserWarning):
-    """``fused=True`` could not use the fused kernels; the foreach implementation ran instead."""
 
 
 class UnsafeKernelPath(RuntimeError):

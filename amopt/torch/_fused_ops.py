@@ -12,13 +12,14 @@ step does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from amopt._config import AMConfig
-from amopt.torch._common import (
+from amopt.torch._records import (
     AdamHyper,
     AdamTensors,
     Scaler,
@@ -29,6 +30,21 @@ from amopt.torch._common import (
 )
 
 __all__: list[str] = []
+
+#: The fused CPU steps with their foreach fallback, by name: given by the optimizer
+#: modules (``register_driver``), which sit above this one.
+_DRIVERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_driver(name: str, driver: Callable[..., Any]) -> None:
+    """Give the operator ``amopt::<name>_`` the step it runs."""
+    _DRIVERS[name] = driver
+
+
+def _triton() -> Any:
+    from amopt.torch import _triton  # imported when a Triton step runs (needs no triton)
+
+    return _triton
 
 
 @torch.library.custom_op(
@@ -56,13 +72,11 @@ def _fused_am_adamw_op(
     ``numbers``: ``lr, beta2, eps, weight_decay`` and the rule's ``lam, beta_max,
     beta_min, theta, beta_high, beta_low``.
     """
-    from amopt.torch._amadamw import _fused_am_adamw
-
     lr, beta2, eps, weight_decay, *rule = numbers
     config = _config(rule, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
-    betas, prods = _fused_am_adamw(t, h, Scaler(grad_scale, found_inf), None)
+    betas, prods = _DRIVERS["fused_am_adamw"](t, h, Scaler(grad_scale, found_inf), None)
     dtype = _dtype(params)
     return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
 
@@ -107,12 +121,10 @@ def _fused_amsgd_op(
     beta_high, beta_low``. Every momentum buffer exists (the optimizer makes it
     ``d = g`` before the first step).
     """
-    from amopt.torch._amsgd import _fused_amsgd
-
     lr, weight_decay, *rule = numbers
     h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
-    betas = _fused_amsgd(t, h, Scaler(grad_scale, found_inf), None)
+    betas = _DRIVERS["fused_amsgd"](t, h, Scaler(grad_scale, found_inf), None)
     return torch.stack(betas).to(_dtype(params))
 
 
@@ -168,3 +180,140 @@ def fused_am_adamw_traced(
         c.variant,
     )
     return list(betas.unbind()), list(prods.unbind())
+
+
+# --------------------------------------------------------------------------- Triton (GPU)
+# The Triton step reads the tensors through tables of their addresses, which no
+# compiler pass can see through: registered as opaque operators (not
+# ``torch.library.triton_op``, whose kernels Inductor would take to touch only their
+# arguments, here the tables), it is one node of the graph with the mutations declared.
+
+
+@torch.library.custom_op(
+    "amopt::triton_am_adamw_",
+    mutates_args=("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
+)
+def _triton_am_adamw_op(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    lr_tensor: Tensor | None,
+    numbers: list[float],
+    weight_decay_mode: str,
+    maximize: bool,
+    per_layer: bool,
+    variant: str | None,
+) -> tuple[Tensor, Tensor]:
+    """One Triton AM-AdamW step; per parameter the beta applied and its scope's product.
+
+    ``numbers`` as in ``amopt::fused_am_adamw_``; ``lr_tensor``, when given, is ``lr``
+    (read here, when the step runs, so that a compiled step follows a scheduler).
+    """
+    lr, beta2, eps, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
+    config = _config(rule, per_layer, variant)
+    t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+    h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
+    betas, prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
+    dtype = _dtype(params)
+    return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
+
+
+@_triton_am_adamw_op.register_fake
+def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, *args):  # noqa: ANN001, ANN002, ANN202
+    n, dtype = len(params), _dtype(params)
+    return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
+
+
+def _lr(lr: Any) -> tuple[Tensor | None, float]:
+    """A tensor ``lr`` goes to the operator as a tensor (0.0 in ``numbers``)."""
+    if isinstance(lr, Tensor):
+        return lr.reshape(()), 0.0
+    return None, float(lr)
+
+
+def triton_am_adamw_traced(
+    t: AdamTensors, h: AdamHyper, amp: Scaler
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The Triton AM-AdamW step through the operator (what ``torch.compile`` traces)."""
+    c: Any = h.config
+    lr_tensor, lr = _lr(h.lr)
+    numbers = [lr, float(h.beta2), float(h.eps), float(h.weight_decay)]
+    numbers += _rule_numbers(c)
+    betas, prods = _triton_am_adamw_op(
+        list(t.params),
+        list(t.grads),
+        list(t.exp_avgs),
+        list(t.exp_avg_sqs),
+        list(t.state_steps),
+        list(t.beta1_prods),
+        amp.grad_scale,
+        amp.found_inf,
+        lr_tensor,
+        numbers,
+        h.weight_decay_mode,
+        bool(h.maximize),
+        bool(c.per_layer),
+        c.variant,
+    )
+    return list(betas.unbind()), list(prods.unbind())
+
+
+@torch.library.custom_op(
+    "amopt::triton_amsgd_",
+    mutates_args=("params", "momentum_buffer_list", "state_steps"),
+)
+def _triton_amsgd_op(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor],
+    state_steps: list[Tensor],
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    lr_tensor: Tensor | None,
+    numbers: list[float],
+    maximize: bool,
+    per_layer: bool,
+    variant: str | None,
+) -> Tensor:
+    """One Triton AMSGD step; per parameter the beta applied (``numbers`` as in
+    ``amopt::fused_amsgd_``, ``lr_tensor`` as in ``amopt::triton_am_adamw_``). Every
+    momentum buffer exists."""
+    lr, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
+    h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
+    t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
+    betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
+    return torch.stack(betas).to(_dtype(params))
+
+
+@_triton_amsgd_op.register_fake
+def _(params, *args):  # noqa: ANN001, ANN002, ANN202
+    return params[0].new_empty((len(params),), dtype=_dtype(params))
+
+
+def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
+    """The Triton AMSGD step through the operator (what ``torch.compile`` traces)."""
+    c: Any = h.config
+    lr_tensor, lr = _lr(h.lr)
+    betas = _triton_amsgd_op(
+        list(t.params),
+        list(t.grads),
+        list(t.momentum_buffer_list),  # type: ignore[arg-type]
+        list(t.state_steps),
+        amp.grad_scale,
+        amp.found_inf,
+        lr_tensor,
+        [lr, float(h.weight_decay), *_rule_numbers(c)],
+        bool(h.maximize),
+        bool(c.per_layer),
+        c.variant,
+    )
+    return list(betas.unbind())

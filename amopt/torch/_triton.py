@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,7 @@ from torch import Tensor
 
 from amopt import _rule
 from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
-from amopt.torch._common import NO_SCALER, AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
+from amopt.torch._records import NO_SCALER, AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
 
 if TYPE_CHECKING:
     import triton.language as tl
@@ -543,6 +544,21 @@ def _kernels(interpret: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------- plan
 
 
+@functools.cache
+def _tl_dtypes() -> dict[torch.dtype, Any]:
+    """torch dtype -> ``triton.language`` dtype (kept apart from ``_kernels``, which tests
+    and benchmarks replace with stand-in launchables)."""
+    import triton.language
+
+    t = triton.language
+    return {
+        torch.float16: t.float16,
+        torch.bfloat16: t.bfloat16,
+        torch.float32: t.float32,
+        torch.float64: t.float64,
+    }
+
+
 @dataclasses.dataclass
 class _Launch:
     """The tensors of one dtype: their address table and block maps."""
@@ -560,16 +576,40 @@ class _Launch:
 
 
 @dataclasses.dataclass
-class _Plan:
+class _Layout:
     launches: list[_Launch]
     arrays: list[tuple[torch.dtype, int, Tensor, int]]  # (acc, partial rows, segments, scopes)
     scope_of: list[tuple[int, int]]  # per tensor: (sums array, scope)
 
 
-#: Layouts (block maps, scopes) by sizes and dtypes; address tables by addresses. Both
-#: are small device tensors, built once in steady training.
-_LAYOUTS: dict[tuple, _Plan] = {}
-_TABLES: dict[tuple, tuple[Tensor, bool]] = {}
+@dataclasses.dataclass(eq=False)
+class Plan:
+    """Everything a step over one fixed set of tensors launches with, built once.
+
+    The address tables and block maps (device tensors), the scopes, the buffers of
+    partial and per-scope sums, and per launch the pair (block map, count) of its
+    whole and its partial chunks. A plan is valid as long as the tensors it was
+    built from keep their storage, shape and dtype; the drivers check that when
+    they look a plan up, and the optimizers when their group's tensors change
+    (:class:`GroupPlan`), not at every step.
+    """
+
+    device: torch.device
+    per_layer: bool
+    wide: bool
+    launches: list[_Launch]
+    arrays: list[tuple[torch.dtype, int, Tensor, int]]
+    scope_of: list[tuple[int, int]]
+    partials: list[Tensor]
+    sums: list[Tensor]
+    rows: list[list[int]]  # per sums array, the tensor of each scope (its first member)
+    out_dtypes: list[torch.dtype]  # per sums array, the dtype of the betas handed out
+    grids: list[tuple[_Launch, tuple[tuple[Tensor, int, bool], ...]]]
+
+
+#: Layouts (block maps, scopes) by sizes and dtypes; plans by the tensors' addresses.
+_LAYOUTS: dict[tuple, _Layout] = {}
+_PLANS: dict[tuple, Plan] = {}
 _CACHE_SIZE = 8
 
 
@@ -584,10 +624,22 @@ def _acc_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
     return torch.float64 if torch.float64 in set(dtypes) else torch.float32
 
 
-def _host_to(t: Tensor, device: torch.device) -> Tensor:
+#: The pinned host copies of the tables on the GPU, kept for as long as the process: a
+#: plan built while a CUDA graph is captured (``torch.compile(mode="reduce-overhead")``
+#: records the step's first run with new input buffers) copies its tables from pinned
+#: memory, and the graph replays that copy from the same host memory.
+_PINNED: list[Tensor] = []
+
+
+def _to(t: Tensor, device: torch.device) -> Tensor:
+    """A host-built table on ``device`` (when a plan is built, never per step)."""
     if device.type == "cpu":
         return t
-    return t.pin_memory().to(device, non_blocking=True)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        pinned = t.pin_memory()
+        _PINNED.append(pinned)
+        return pinned.to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _layout(
@@ -595,7 +647,7 @@ def _layout(
     per_layer: bool,
     sizes: tuple[tuple[torch.dtype, int], ...],
     wide: bool = False,
-) -> _Plan:
+) -> _Layout:
     """Launches (one per dtype), block maps and the scopes' rows of partial sums.
 
     ``wide``: the sums are formed and accumulated in float64 whatever the dtype.
@@ -632,30 +684,30 @@ def _layout(
                 acc=acc,
                 array=array,
                 members=members,
-                full=_host_to(full.contiguous(), device),
-                tail=_host_to(tail.contiguous(), device),
+                full=_to(full.contiguous(), device),
+                tail=_to(tail.contiguous(), device),
                 n_full=full.shape[0],
                 n_tail=tail.shape[0],
             )
         )
         if per_layer:
-            segments = _host_to(rows.to(torch.int32), device)
+            segments = _to(rows.to(torch.int32), device)
             arrays.append((acc, int(rows[-1]), segments, len(members)))
         else:
             global_rows = int(rows[-1])
     if not per_layer:
-        segments = _host_to(torch.tensor([0, global_rows], dtype=torch.int32), device)
+        segments = _to(torch.tensor([0, global_rows], dtype=torch.int32), device)
         arrays.append((global_acc, global_rows, segments, 1))
-    return _Plan(launches=launches, arrays=arrays, scope_of=scope_of)
+    return _Layout(launches=launches, arrays=arrays, scope_of=scope_of)
 
 
-def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> _Plan:
+def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
     """The plan of a step over tensors ``i`` described by ``columns[k][i]`` for every ``k``.
 
-    ``columns[0]`` are the parameters. The layout is cached by dtypes, sizes and
-    chunk size; each launch's table of addresses by the addresses (gradients set
-    to ``None`` between steps may come back elsewhere: only the table is rebuilt).
-    ``wide``: sums in float64 (:func:`_layout`).
+    ``columns[0]`` are the parameters; every column's tensors are contiguous, of their
+    parameter's shape and dtype, on one device (checked by the callers). The layout
+    is cached by dtypes and sizes (shared by plans of the same shapes), the address
+    tables are the plan's own. ``wide``: sums in float64 (:func:`_layout`).
     """
     params = columns[0]
     device = params[0].device
@@ -664,19 +716,108 @@ def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = Fal
     layout = _LAYOUTS.get(key) or _remember(_LAYOUTS, key, _layout(device, per_layer, sizes, wide))
     launches = []
     for launch in layout.launches:
-        rows = [[col[i].data_ptr() for col in columns] for i in launch.members]
-        tkey = (device, per_layer, tuple(launch.members), tuple(map(tuple, rows)))
-        cached = _TABLES.get(tkey)
-        if cached is None:
-            table = [
-                [*ptrs, sizes[i][1], layout.scope_of[i][1], i]
-                for ptrs, i in zip(rows, launch.members, strict=True)
-            ]
-            aligned = all(ptr % 16 == 0 for ptrs in rows for ptr in ptrs)
-            cached = (_host_to(torch.tensor(table, dtype=torch.int64), device), aligned)
-            _remember(_TABLES, tkey, cached)
-        launches.append(dataclasses.replace(launch, table=cached[0], aligned=cached[1]))
-    return dataclasses.replace(layout, launches=launches)
+        ptrs = [[col[i].data_ptr() for col in columns] for i in launch.members]
+        table = [
+            [*row, sizes[i][1], layout.scope_of[i][1], i]
+            for row, i in zip(ptrs, launch.members, strict=True)
+        ]
+        aligned = all(ptr % 16 == 0 for row in ptrs for ptr in row)
+        launches.append(
+            dataclasses.replace(
+                launch,
+                table=_to(torch.tensor(table, dtype=torch.int64), device),
+                aligned=aligned,
+            )
+        )
+    rows: list[list[int]] = [[] for _ in layout.arrays]
+    for i, (a, s) in enumerate(layout.scope_of):
+        if len(rows[a]) <= s:
+            rows[a].append(i)
+    if per_layer:
+        out_dtypes = [_acc_dtype([params[r[0]].dtype]) for r in rows]
+    else:
+        out_dtypes = [_acc_dtype(p.dtype for p in params)]
+    grids = [
+        (
+            launch,
+            tuple(
+                (blocks, count, masked)
+                for blocks, count, masked in (
+                    (launch.full, launch.n_full, False),
+                    (launch.tail, launch.n_tail, True),
+                )
+                if count
+            ),
+        )
+        for launch in launches
+    ]
+    return Plan(
+        device=device,
+        per_layer=per_layer,
+        wide=wide,
+        launches=launches,
+        arrays=layout.arrays,
+        scope_of=layout.scope_of,
+        partials=[
+            torch.empty((max(n_rows, 1), _K), dtype=acc, device=device)
+            for acc, n_rows, _, _ in layout.arrays
+        ],
+        sums=[
+            torch.empty((n_scopes, _K), dtype=acc, device=device)
+            for acc, _, _, n_scopes in layout.arrays
+        ],
+        rows=rows,
+        out_dtypes=out_dtypes,
+        grids=grids,
+    )
+
+
+def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
+    """:func:`build_plan`, cached by the tensors' addresses, sizes and dtypes."""
+    params = columns[0]
+    key = (
+        params[0].device,
+        per_layer,
+        wide,
+        CHUNK,
+        tuple((p.dtype, p.numel()) for p in params),
+        tuple(t.data_ptr() for col in columns for t in col),
+    )
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(_PLANS, key, build_plan(columns, per_layer, wide))
+    return plan
+
+
+# --------------------------------------------------------------------------- group state
+
+
+@dataclasses.dataclass(eq=False)
+class GroupState:
+    """The 0-d state of a param group's step as group-level device tensors.
+
+    ``steps``: the step counter of every tensor, shape ``(n,)``; per sums array of
+    the plan, ``prods`` (AM-Adam(W)'s running products :math:`\\pi`, one per scope,
+    in the accumulation dtype; ``None`` for AMSGD) and ``betas`` (the beta last
+    applied per scope). The optimizers keep their per-parameter state entries as
+    views of these tensors, so that a step updates them all with a few operations.
+    """
+
+    steps: Tensor
+    prods: list[Tensor] | None
+    betas: list[Tensor]
+
+
+def _advance(steps: Tensor, found_inf: Tensor | None) -> None:
+    """``steps += 1`` on the device, or no change where ``found_inf`` is nonzero."""
+    if found_inf is None:
+        steps.add_(1)
+    else:
+        steps.add_((found_inf == 0).to(steps.dtype))
+
+
+def _keep_where_skipped(old: Tensor, new: Tensor, found_inf: Tensor | None) -> Tensor:
+    return new if found_inf is None else torch.where(found_inf != 0, old, new)
 
 
 # --------------------------------------------------------------------------- driver
@@ -720,11 +861,7 @@ def _scaler_tensor(name: str, value: Tensor | None, device: torch.device) -> Ten
 
 def _stacked_steps(state_steps: Sequence[Tensor], device: torch.device) -> Tensor:
     """The step counters (before this step) as one float64 tensor on ``device``."""
-    devices = {s.device for s in state_steps}
-    if len(devices) == 1:
-        steps = torch.stack([s.detach().reshape(()) for s in state_steps]).to(torch.float64)
-        return steps if steps.device == device else _host_to(steps, device)
-    return torch.stack([s.detach().reshape(()).to(device, torch.float64) for s in state_steps])
+    return torch.stack([s.detach().reshape(()).to(device) for s in state_steps]).to(torch.float64)
 
 
 def _count_step(state_steps: Sequence[Tensor], found_inf: Tensor | None) -> None:
@@ -747,42 +884,130 @@ def _launch_options(interpret: bool) -> dict[str, Any]:
 
 
 def _reduce_and_sum(
-    plan: _Plan,
-    device: torch.device,
-    launch_reduce: Any,
-    kernels: dict[str, Any],
-    options: dict[str, Any],
+    plan: Plan, launch_reduce: Any, kernels: dict[str, Any], options: dict[str, Any], sync: Any
 ) -> list[Tensor]:
-    """Partial sums of every block, then the sums of each scope: one array per ``plan.arrays``."""
-    partials = [
-        torch.empty((max(rows, 1), _K), dtype=acc, device=device)
-        for acc, rows, _, _ in plan.arrays
-    ]
-    for launch in plan.launches:
-        for blocks, count, masked in (
-            (launch.full, launch.n_full, False),
-            (launch.tail, launch.n_tail, True),
-        ):
-            if count:
-                launch_reduce(launch, blocks, count, masked, partials[launch.array])
-    sums = []
-    for (acc, _, segments, n_scopes), part in zip(plan.arrays, partials, strict=True):
-        out = torch.empty((n_scopes, _K), dtype=acc, device=device)
+    """Partial sums of every block, then the sums of each scope: one array per ``plan.arrays``.
+
+    ``sync`` (``amopt.torch._distributed.ScopeSync``): the sums of scopes sharded across
+    ranks are added over the ranks here, between the reduce and the rule.
+    """
+    for launch, grids in plan.grids:
+        for blocks, count, masked in grids:
+            launch_reduce(launch, blocks, count, masked, plan.partials[launch.array])
+    tl_dtypes = _tl_dtypes()
+    for (acc, _, segments, n_scopes), part, out in zip(
+        plan.arrays, plan.partials, plan.sums, strict=True
+    ):
         kernels["segment_sum"][(n_scopes,)](
             part,
             segments,
             out,
-            ACC=kernels["dtypes"][acc],
+            ACC=tl_dtypes[acc],
             K=_K,
             KP=4,
             ROWS=SEGMENT_ROWS,
             **options,
         )
-        sums.append(out)
-    return sums
+    if sync is None or not sync.needs_collective:
+        return plan.sums
+    return sync.combine(plan.sums, plan.rows if plan.per_layer else None)
 
 
-def triton_amsgd(t: SGDTensors, h: SGDHyper, amp: Scaler = NO_SCALER) -> list[Tensor]:
+def _sgd_core(
+    plan: Plan, fresh: Tensor, h: SGDHyper, amp: Scaler, sync: Any
+) -> list[tuple[Tensor, Tensor]]:
+    """Reduce, rule and apply of an AMSGD step; ``(beta, gamma)`` per sums array."""
+    lr, weight_decay, maximize, config = h
+    grad_scale, found_inf = amp
+    interpret = _interpret()
+    kernels = _kernels(interpret)
+    options = _launch_options(interpret)
+    tl_dtypes = _tl_dtypes()
+    scale = grad_scale if grad_scale is not None else fresh
+    inf = found_inf if found_inf is not None else fresh
+    has_wd = weight_decay != 0
+    reduce = kernels["sgd_reduce"]
+
+    def launch_reduce(
+        launch: _Launch, blocks: Tensor, count: int, masked: bool, part: Tensor
+    ) -> None:
+        reduce[(count,)](
+            launch.table,
+            blocks,
+            fresh,
+            part,
+            scale,
+            weight_decay,
+            DT=tl_dtypes[launch.dtype],
+            ACC=tl_dtypes[launch.acc],
+            BLOCK=BLOCK,
+            CHUNK=CHUNK,
+            MASKED=masked,
+            ALIGNED=launch.aligned,
+            HAS_SCALE=grad_scale is not None,
+            MAXIMIZE=maximize,
+            HAS_WD=has_wd,
+            **options,
+        )
+
+    sums = _reduce_and_sum(plan, launch_reduce, kernels, options, sync)
+    # the squares of float32 gradients leave float32's range long before the gradients
+    # do, and beta, a ratio of their sums, does not: the sums are float64, the rule runs
+    # on them and its outputs are rounded to the accumulation dtype
+    rule = [
+        tuple(r.to(out) for r in _rule.momentum_beta(torch, s, config))
+        for s, out in zip(sums, plan.out_dtypes, strict=True)
+    ]
+    apply = kernels["sgd_apply"]
+    for launch, grids in plan.grids:
+        gamma = rule[launch.array][1]
+        ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
+        for blocks, count, masked in grids:
+            apply[(count,)](
+                launch.table,
+                blocks,
+                fresh,
+                gamma,
+                scale,
+                inf,
+                lr,
+                weight_decay,
+                DT=tl_dtypes[launch.dtype],
+                CT=ct,
+                BLOCK=BLOCK,
+                CHUNK=CHUNK,
+                MASKED=masked,
+                ALIGNED=launch.aligned,
+                HAS_SCALE=grad_scale is not None,
+                HAS_INF=found_inf is not None,
+                MAXIMIZE=maximize,
+                HAS_WD=has_wd,
+                **options,
+            )
+    return rule  # type: ignore[return-value]
+
+
+def _check_sgd_hyper(name: str, h: SGDHyper) -> SGDHyper:
+    lr, weight_decay, maximize, config = h
+    if not isinstance(config, AMConfig):
+        raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
+    return SGDHyper(
+        check_nonnegative("lr", lr),
+        check_nonnegative("weight_decay", weight_decay),
+        check_bool("maximize", maximize),
+        config,
+    )
+
+
+def triton_amsgd(
+    t: SGDTensors,
+    h: SGDHyper,
+    amp: Scaler = NO_SCALER,
+    *,
+    plan: Plan | None = None,
+    state: GroupState | None = None,
+    sync: Any = None,
+) -> list[Tensor]:
     r"""AMSGD (AM-MSGD) step over one param group with the Triton kernels, in place.
 
     The same step as ``amsgd(..., foreach=False)`` (``docs/algorithms.md``,
@@ -809,17 +1034,34 @@ def triton_amsgd(t: SGDTensors, h: SGDHyper, amp: Scaler = NO_SCALER) -> list[Te
         One-element tensors: the gradients are divided by ``grad_scale``
         (GradScaler's scale); a nonzero ``found_inf`` skips the step: parameters,
         buffers and step counters keep their values.
+    plan, state : Plan, GroupState, optional
+        Given together (by :class:`GroupPlan`): the plan built for exactly these
+        tensors, every buffer present, and the group's counters and betas as device
+        tensors, which the step updates in place (``state_steps`` is then not read);
+        nothing is checked and nothing per tensor runs on the host.
+    sync : ScopeSync, optional
+        Scopes sharded across ranks (``amopt.torch._distributed``): their sums are
+        added over the ranks between the reduce and the rule.
 
     Returns
     -------
     list of Tensor
         The 0-d beta of each parameter's scope, in the accumulation dtype (one
-        tensor shared by every parameter when ``config.per_layer`` is False).
+        tensor shared by every parameter when ``config.per_layer`` is False); with
+        ``state``, ``state.betas`` (one tensor per sums array) instead.
     """
-    params, grads, momentum_buffer_list, state_steps = t
-    lr, weight_decay, maximize, config = h
-    grad_scale, found_inf = amp
     name = "triton_amsgd"
+    grad_scale, found_inf = amp
+    if plan is not None and state is not None:
+        h = _check_sgd_hyper(name, h)
+        with torch.no_grad():
+            fresh = (state.steps == 0).to(torch.float64)
+            rule = _sgd_core(plan, fresh, h, amp, sync)
+            for old, (beta, _) in zip(state.betas, rule, strict=True):
+                old.copy_(_keep_where_skipped(old, beta, found_inf))
+            _advance(state.steps, found_inf)
+        return state.betas
+    params, grads, momentum_buffer_list, state_steps = t
     _check_lists(
         name,
         params,
@@ -827,23 +1069,17 @@ def triton_amsgd(t: SGDTensors, h: SGDHyper, amp: Scaler = NO_SCALER) -> list[Te
         momentum_buffer_list=momentum_buffer_list,
         state_steps=state_steps,
     )
-    if not isinstance(config, AMConfig):
-        raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
-    lr = check_nonnegative("lr", lr)
-    weight_decay = check_nonnegative("weight_decay", weight_decay)
-    maximize = check_bool("maximize", maximize)
+    h = _check_sgd_hyper(name, h)
     n = len(params)
     if n == 0:
         return []
     _check_like(name, params, grads=grads, momentum_buffer_list=momentum_buffer_list)
     _require(name, [*params, *grads, *(b for b in momentum_buffer_list if b is not None)])
     device = params[0].device
-    grad_scale = _scaler_tensor("grad_scale", grad_scale, device)
-    found_inf = _scaler_tensor("found_inf", found_inf, device)
-
-    kernels = _kernels(_interpret())
-    options = _launch_options(_interpret())
-    tl_dtypes = kernels["dtypes"]
+    amp = Scaler(
+        _scaler_tensor("grad_scale", grad_scale, device),
+        _scaler_tensor("found_inf", found_inf, device),
+    )
     with torch.no_grad():
         new = [b is None for b in momentum_buffer_list]
         for i in range(n):
@@ -851,80 +1087,16 @@ def triton_amsgd(t: SGDTensors, h: SGDHyper, amp: Scaler = NO_SCALER) -> list[Te
                 momentum_buffer_list[i] = torch.zeros_like(params[i])
         fresh = _stacked_steps(state_steps, device) == 0
         if any(new):
-            fresh = fresh | _host_to(torch.tensor(new), device)
+            fresh = fresh | torch.tensor(new).to(device)
         fresh = fresh.to(torch.float64)
         bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
-        # the squares of float32 gradients leave float32's range long before the
-        # gradients do (|g| below about 1e-19 or above 1e19), and beta, a ratio of their
-        # sums, does not: three multiply-adds per element in float64, the rule on the
-        # float64 sums, its outputs rounded to the accumulation dtype
-        plan = _plan([params, grads, bufs], config.per_layer, wide=True)
-        out_dtype = _acc_dtype([p.dtype for p in params])
-        dummy = fresh
-        scale = grad_scale if grad_scale is not None else dummy
-        inf = found_inf if found_inf is not None else dummy
-        has_wd = weight_decay != 0
-
-        def launch_reduce(
-            launch: _Launch, blocks: Tensor, count: int, masked: bool, part: Tensor
-        ) -> None:
-            kernels["sgd_reduce"][(count,)](
-                launch.table,
-                blocks,
-                fresh,
-                part,
-                scale,
-                weight_decay,
-                DT=tl_dtypes[launch.dtype],
-                ACC=tl_dtypes[launch.acc],
-                BLOCK=BLOCK,
-                CHUNK=CHUNK,
-                MASKED=masked,
-                ALIGNED=launch.aligned,
-                HAS_SCALE=grad_scale is not None,
-                MAXIMIZE=maximize,
-                HAS_WD=has_wd,
-                **options,
-            )
-
-        sums = _reduce_and_sum(plan, device, launch_reduce, kernels, options)
-        rule = [
-            tuple(r.to(out_dtype) for r in _rule.momentum_beta(torch, s, config)) for s in sums
-        ]
-        for launch in plan.launches:
-            gamma = rule[launch.array][1]
-            ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
-            for blocks, count, masked in (
-                (launch.full, launch.n_full, False),
-                (launch.tail, launch.n_tail, True),
-            ):
-                if count:
-                    kernels["sgd_apply"][(count,)](
-                        launch.table,
-                        blocks,
-                        fresh,
-                        gamma,
-                        scale,
-                        inf,
-                        lr,
-                        weight_decay,
-                        DT=tl_dtypes[launch.dtype],
-                        CT=ct,
-                        BLOCK=BLOCK,
-                        CHUNK=CHUNK,
-                        MASKED=masked,
-                        ALIGNED=launch.aligned,
-                        HAS_SCALE=grad_scale is not None,
-                        HAS_INF=found_inf is not None,
-                        MAXIMIZE=maximize,
-                        HAS_WD=has_wd,
-                        **options,
-                    )
-        _count_step(state_steps, found_inf)
-        return _per_tensor([beta for beta, _ in rule], plan, config.per_layer)
+        plan = _plan([params, grads, bufs], h.config.per_layer, wide=True)
+        rule = _sgd_core(plan, fresh, h, amp, sync)
+        _count_step(state_steps, amp.found_inf)
+        return _per_tensor([beta for beta, _ in rule], plan, h.config.per_layer)
 
 
-def _per_tensor(arrays: Sequence[Tensor], plan: _Plan, per_layer: bool) -> list[Tensor]:
+def _per_tensor(arrays: Sequence[Tensor], plan: Plan, per_layer: bool) -> list[Tensor]:
     """Entry ``scope`` of ``arrays[array]`` for each tensor; one shared 0-d tensor if global."""
     if not per_layer:
         shared = arrays[0][0]
@@ -933,8 +1105,130 @@ def _per_tensor(arrays: Sequence[Tensor], plan: _Plan, per_layer: bool) -> list[
     return [views[a][s] for a, s in plan.scope_of]
 
 
+def _adam_core(
+    plan: Plan,
+    steps: Tensor,
+    prods: Sequence[Tensor],
+    h: AdamHyper,
+    amp: Scaler,
+    sync: Any,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Reduce, rule and apply of an AM-Adam(W) step over ``plan``; ``steps``: the counters
+    before the step. Returns per sums array the betas and the new products (the old ones
+    where ``found_inf`` skips the step)."""
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    grad_scale, found_inf = amp
+    interpret = _interpret()
+    kernels = _kernels(interpret)
+    options = _launch_options(interpret)
+    tl_dtypes = _tl_dtypes()
+    l2 = weight_decay if weight_decay_mode == "l2" else 0.0
+    wd = 0.0 if weight_decay_mode == "l2" else weight_decay
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
+    if wd == 0:
+        decay_mode, decay = 0, 1.0
+    elif weight_decay_mode == "proximal":
+        decay_mode, decay = 2, 1.0 + lr * wd
+    else:
+        decay_mode, decay = 1, 1.0 - lr * wd
+    lam = float(config.lam)
+    bias2 = 1.0 - torch.pow(beta2, steps.to(torch.float64) + 1.0)
+    corrections = [_rule.adam_correction(prod, config) for prod in prods]
+    scale = grad_scale if grad_scale is not None else bias2
+    inf = found_inf if found_inf is not None else bias2
+    flags = {"HAS_SCALE": grad_scale is not None, "MAXIMIZE": maximize, "L2": l2 != 0}
+    reduce = kernels["adam_reduce"]
+
+    def launch_reduce(
+        launch: _Launch, blocks: Tensor, count: int, masked: bool, part: Tensor
+    ) -> None:
+        reduce[(count,)](
+            launch.table,
+            blocks,
+            bias2,
+            corrections[launch.array],
+            part,
+            scale,
+            beta2,
+            1.0 - beta2,
+            eps,
+            lam,
+            l2,
+            *weights,
+            DT=tl_dtypes[launch.dtype],
+            ACC=tl_dtypes[launch.acc],
+            BLOCK=BLOCK,
+            CHUNK=CHUNK,
+            MASKED=masked,
+            ALIGNED=launch.aligned,
+            HAS_WD=wd != 0,
+            **flags,
+            **options,
+        )
+
+    sums = _reduce_and_sum(plan, launch_reduce, kernels, options, sync)
+    betas = [_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd) for s in sums]
+    apply = kernels["adam_apply"]
+    for launch, grids in plan.grids:
+        ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
+        for blocks, count, masked in grids:
+            apply[(count,)](
+                launch.table,
+                blocks,
+                bias2,
+                corrections[launch.array],
+                betas[launch.array],
+                scale,
+                inf,
+                beta2,
+                1.0 - beta2,
+                eps,
+                lam,
+                l2,
+                lr,
+                decay,
+                DT=tl_dtypes[launch.dtype],
+                CT=ct,
+                BLOCK=BLOCK,
+                CHUNK=CHUNK,
+                MASKED=masked,
+                ALIGNED=launch.aligned,
+                HAS_INF=found_inf is not None,
+                DECAY=decay_mode,
+                **flags,
+                **options,
+            )
+    new_prods = [
+        _keep_where_skipped(prod, prod * beta, found_inf)
+        for prod, beta in zip(prods, betas, strict=True)
+    ]
+    return betas, new_prods
+
+
+def _check_adam_hyper(name: str, h: AdamHyper) -> AdamHyper:
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    if not isinstance(config, AMConfig):
+        raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
+    check_choice("weight_decay_mode", weight_decay_mode, _rule.WEIGHT_DECAY_MODES)
+    return AdamHyper(
+        check_nonnegative("lr", lr),
+        check_nonnegative("beta2", beta2),
+        check_nonnegative("eps", eps),
+        check_nonnegative("weight_decay", weight_decay),
+        weight_decay_mode,
+        check_bool("maximize", maximize),
+        config,
+    )
+
+
 def triton_am_adamw(
-    t: AdamTensors, h: AdamHyper, amp: Scaler = NO_SCALER
+    t: AdamTensors,
+    h: AdamHyper,
+    amp: Scaler = NO_SCALER,
+    *,
+    plan: Plan | None = None,
+    state: GroupState | None = None,
+    sync: Any = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
     r"""AM-AdamW / AM-Adam step over one param group with the Triton kernels, in place.
 
@@ -964,6 +1258,9 @@ def triton_am_adamw(
         ``per_layer`` and the variant (the numerator is always the linearised one).
     amp : Scaler, optional
         As in :func:`triton_amsgd`; a skipped step also keeps the moments and products.
+    plan, state, sync
+        As in :func:`triton_amsgd`; with ``state``, its ``prods`` and ``betas`` are
+        updated in place (a skipped step keeps both) and returned.
 
     Returns
     -------
@@ -972,10 +1269,19 @@ def triton_am_adamw(
         the accumulation dtype (shared tensors when ``config.per_layer`` is False).
         On a skipped step the betas are not applied and the products are the old ones.
     """
-    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
-    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
-    grad_scale, found_inf = amp
     name = "triton_am_adamw"
+    grad_scale, found_inf = amp
+    if plan is not None and state is not None and state.prods is not None:
+        h = _check_adam_hyper(name, h)
+        with torch.no_grad():
+            betas, prods = _adam_core(plan, state.steps, state.prods, h, amp, sync)
+            for old, beta in zip(state.betas, betas, strict=True):
+                old.copy_(_keep_where_skipped(old, beta, found_inf))
+            for old, prod in zip(state.prods, prods, strict=True):
+                old.copy_(prod)
+            _advance(state.steps, found_inf)
+        return state.betas, state.prods
+    params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
     _check_lists(
         name,
         params,
@@ -985,127 +1291,176 @@ def triton_am_adamw(
         state_steps=state_steps,
         beta1_prods=beta1_prods,
     )
-    if not isinstance(config, AMConfig):
-        raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
-    check_choice("weight_decay_mode", weight_decay_mode, _rule.WEIGHT_DECAY_MODES)
-    lr = check_nonnegative("lr", lr)
-    beta2 = check_nonnegative("beta2", beta2)
-    eps = check_nonnegative("eps", eps)
-    weight_decay = check_nonnegative("weight_decay", weight_decay)
-    maximize = check_bool("maximize", maximize)
+    h = _check_adam_hyper(name, h)
     n = len(params)
     if n == 0:
         return [], []
     _check_like(name, params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs)
     _require(name, [*params, *grads, *exp_avgs, *exp_avg_sqs])
     device = params[0].device
-    grad_scale = _scaler_tensor("grad_scale", grad_scale, device)
-    found_inf = _scaler_tensor("found_inf", found_inf, device)
-
-    kernels = _kernels(_interpret())
-    options = _launch_options(_interpret())
-    tl_dtypes = kernels["dtypes"]
-    l2 = weight_decay if weight_decay_mode == "l2" else 0.0
-    wd = 0.0 if weight_decay_mode == "l2" else weight_decay
-    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
-    if wd == 0:
-        decay_mode, decay = 0, 1.0
-    elif weight_decay_mode == "proximal":
-        decay_mode, decay = 2, 1.0 + lr * wd
-    else:
-        decay_mode, decay = 1, 1.0 - lr * wd
-    lam = float(config.lam)
+    amp = Scaler(
+        _scaler_tensor("grad_scale", grad_scale, device),
+        _scaler_tensor("found_inf", found_inf, device),
+    )
     with torch.no_grad():
-        bias2 = 1.0 - torch.pow(beta2, _stacked_steps(state_steps, device) + 1.0)
-        plan = _plan([params, grads, exp_avgs, exp_avg_sqs], config.per_layer)
-        members: list[list[int]] = [[] for _ in plan.arrays]
-        for i, (a, s) in enumerate(plan.scope_of):
-            if len(members[a]) <= s:
-                members[a].append(i)
+        plan = _plan([params, grads, exp_avgs, exp_avg_sqs], h.config.per_layer)
         prods = [
-            torch.stack([beta1_prods[i].detach().reshape(()).to(device, acc) for i in idx])
-            for idx, (acc, *_) in zip(members, plan.arrays, strict=True)
+            torch.stack([beta1_prods[i].detach().reshape(()).to(device, acc) for i in rows])
+            for rows, (acc, *_) in zip(plan.rows, plan.arrays, strict=True)
         ]
-        corrections = [_rule.adam_correction(prod, config) for prod in prods]
-        dummy = bias2
-        scale = grad_scale if grad_scale is not None else dummy
-        inf = found_inf if found_inf is not None else dummy
-        flags = {
-            "HAS_SCALE": grad_scale is not None,
-            "MAXIMIZE": maximize,
-            "L2": l2 != 0,
-        }
-
-        def launch_reduce(
-            launch: _Launch, blocks: Tensor, count: int, masked: bool, part: Tensor
-        ) -> None:
-            kernels["adam_reduce"][(count,)](
-                launch.table,
-                blocks,
-                bias2,
-                corrections[launch.array],
-                part,
-                scale,
-                beta2,
-                1.0 - beta2,
-                eps,
-                lam,
-                l2,
-                *weights,
-                DT=tl_dtypes[launch.dtype],
-                ACC=tl_dtypes[launch.acc],
-                BLOCK=BLOCK,
-                CHUNK=CHUNK,
-                MASKED=masked,
-                ALIGNED=launch.aligned,
-                HAS_WD=wd != 0,
-                **flags,
-                **options,
-            )
-
-        sums = _reduce_and_sum(plan, device, launch_reduce, kernels, options)
-        betas = [_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd) for s in sums]
-        for launch in plan.launches:
-            ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
-            for blocks, count, masked in (
-                (launch.full, launch.n_full, False),
-                (launch.tail, launch.n_tail, True),
-            ):
-                if count:
-                    kernels["adam_apply"][(count,)](
-                        launch.table,
-                        blocks,
-                        bias2,
-                        corrections[launch.array],
-                        betas[launch.array],
-                        scale,
-                        inf,
-                        beta2,
-                        1.0 - beta2,
-                        eps,
-                        lam,
-                        l2,
-                        lr,
-                        decay,
-                        DT=tl_dtypes[launch.dtype],
-                        CT=ct,
-                        BLOCK=BLOCK,
-                        CHUNK=CHUNK,
-                        MASKED=masked,
-                        ALIGNED=launch.aligned,
-                        HAS_INF=found_inf is not None,
-                        DECAY=decay_mode,
-                        **flags,
-                        **options,
-                    )
-        new_prods = [prod * beta for prod, beta in zip(prods, betas, strict=True)]
-        if found_inf is not None:
-            skip = found_inf != 0
-            new_prods = [
-                torch.where(skip, old, new) for old, new in zip(prods, new_prods, strict=True)
-            ]
-        _count_step(state_steps, found_inf)
+        steps = _stacked_steps(state_steps, device)
+        betas, new_prods = _adam_core(plan, steps, prods, h, amp, sync)
+        _count_step(state_steps, amp.found_inf)
         return (
-            _per_tensor(betas, plan, config.per_layer),
-            _per_tensor(new_prods, plan, config.per_layer),
+            _per_tensor(betas, plan, h.config.per_layer),
+            _per_tensor(new_prods, plan, h.config.per_layer),
         )
+
+
+# --------------------------------------------------------------------------- optimizer groups
+
+
+class GroupPlan:
+    """A param group's Triton step, ready to launch at every step of an optimizer.
+
+    Built by :func:`group_plan` after a step of the group (its state then exists):
+    the :class:`Plan` of the group's tensors (parameters with a gradient, their
+    gradients and state buffers) and a :class:`GroupState` into which the group's
+    0-d state entries (``step``, ``beta`` and AM-Adam(W)'s ``beta1_prod``) are moved:
+    every ``optimizer.state[p]`` entry becomes a view of it, so that the entries keep
+    the values of the step as ``torch.optim`` state does (``state_dict``, schedulers,
+    checkpoints) while a step updates them with a few device operations. The counters
+    move to the parameters' device, as those of ``torch.optim.AdamW(fused=True)``.
+
+    :meth:`grads` is the check of each step: the gradients of the same parameters,
+    at the addresses the plan was built with, the parameters at theirs, no new
+    gradient on a parameter the plan leaves out. Anything else (``p.data`` or a
+    gradient reallocated elsewhere, a parameter without its gradient, a changed
+    param group) returns ``None`` and the optimizer takes its general step, which
+    builds a new plan.
+    """
+
+    __slots__ = (
+        "flags",
+        "grad_ptrs",
+        "grads_seen",
+        "group_params",
+        "idle",
+        "n_group",
+        "param_ptrs",
+        "params",
+        "plan",
+        "state",
+        "tensors",
+    )
+
+    def __init__(
+        self,
+        flags: tuple,
+        group_params: list[Tensor],
+        params: list[Tensor],
+        grads: list[Tensor],
+        tensors: tuple,
+        plan: Plan,
+        state: GroupState,
+    ) -> None:
+        self.flags = flags
+        self.group_params = group_params
+        self.n_group = len(group_params)
+        self.params = params
+        self.idle = [p for p in group_params if all(p is not q for q in params)]
+        self.grads_seen = list(grads)
+        self.param_ptrs = [p.data_ptr() for p in params]
+        self.grad_ptrs = [g.data_ptr() for g in grads]
+        self.tensors = tensors
+        self.plan = plan
+        self.state = state
+
+    def grads(self, group: dict[str, Any], flags: tuple) -> list[Tensor] | None:
+        """This step's gradients if the plan still describes the group, else ``None``."""
+        if flags != self.flags or group["params"] is not self.group_params:
+            return None
+        if len(self.group_params) != self.n_group:
+            return None
+        grads = [p.grad for p in self.params]
+        if [p.data_ptr() for p in self.params] != self.param_ptrs:
+            return None
+        for p in self.idle:
+            if p.grad is not None:
+                return None
+        if not all(map(operator.is_, grads, self.grads_seen)):
+            try:
+                ptrs = [g.data_ptr() for g in grads]
+                if not all(g.is_contiguous() and g.layout == torch.strided for g in grads):
+                    return None
+            except (AttributeError, RuntimeError):  # None, or a layout without storage
+                return None
+            if ptrs != self.grad_ptrs:
+                # gradients allocated elsewhere (autograd gives them the parameters' shape
+                # and dtype): new address tables, the rest of the plan stays
+                self.plan = build_plan(
+                    [self.params, grads, *self.tensors], self.plan.per_layer, self.plan.wide
+                )
+                self.grad_ptrs = ptrs
+            self.grads_seen = grads
+        return grads
+
+
+def group_plan(
+    kind: str,
+    optimizer_state: Any,
+    group: dict[str, Any],
+    flags: tuple,
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffers: list[list[Tensor]],
+) -> GroupPlan | None:
+    """The :class:`GroupPlan` of a group that has just stepped on the Triton path.
+
+    ``kind``: ``"sgd"`` (``buffers``: the momentum buffers) or ``"adam"``
+    (``exp_avgs, exp_avg_sqs``). ``None`` where the tensors do not qualify (see
+    :func:`available`).
+    """
+    if not params or available([*params, *grads, *(t for col in buffers for t in col)]):
+        return None
+    per_layer = bool(group["per_layer"])
+    with torch.no_grad():
+        plan = build_plan([params, grads, *buffers], per_layer, wide=kind == "sgd")
+        device = plan.device
+        states = [optimizer_state[p] for p in params]
+        steps = torch.stack([s["step"].detach().reshape(()).to(device) for s in states])
+
+        def gathered(key: str, dtypes: list[torch.dtype]) -> list[Tensor]:
+            return [
+                torch.stack([states[r][key].detach().reshape(()).to(device, dt) for r in rows])
+                for rows, dt in zip(plan.rows, dtypes, strict=True)
+            ]
+
+        betas = gathered("beta", plan.out_dtypes)
+        prods = (
+            gathered("beta1_prod", [acc for acc, *_ in plan.arrays]) if kind == "adam" else None
+        )
+        views = {"beta": [b.unbind() for b in betas]}
+        if prods is not None:
+            views["beta1_prod"] = [p.unbind() for p in prods]
+        for state, step in zip(states, steps.unbind(), strict=True):
+            state["step"] = step
+        for i, (a, s) in enumerate(plan.scope_of):
+            for key, per_array in views.items():
+                states[i][key] = per_array[a][s]
+        if not per_layer:  # members without a gradient now share the scope's entries
+            for p in group["params"]:
+                state = optimizer_state.get(p)
+                if state and all(p is not q for q in params):
+                    for key, per_array in views.items():
+                        if key in state:
+                            state[key] = per_array[0][0]
+    return GroupPlan(
+        flags,
+        group["params"],
+        list(params),
+        grads,
+        tuple(buffers),
+        plan,
+        GroupState(steps, prods, betas),
+    )

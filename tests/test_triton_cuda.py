@@ -1,0 +1,183 @@
+"""The optimizers' Triton path on a CUDA GPU: planned eager steps, torch.compile,
+CUDA-graph capture (skipped without CUDA; the interpreter tests cover the CPU)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from amopt.torch import AMSGD, AMAdamW  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CASES = [
+    pytest.param(AMAdamW, {"lr": 1e-2}, id="AMAdamW"),
+    pytest.param(AMAdamW, {"lr": 1e-2, "per_layer": False}, id="AMAdamW-global"),
+    pytest.param(AMSGD, {"lr": 0.05}, id="AMSGD"),
+    pytest.param(AMSGD, {"lr": 0.05, "per_layer": True}, id="AMSGD-per-layer"),
+]
+SHAPES = [(768, 768), (3072, 768), (768,), (50, 7), (1,), (4096 * 5 + 3,)]
+
+
+def _params(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen).to("cuda", dtype)) for s in SHAPES]
+
+
+def _grads(params, t):
+    gen = torch.Generator().manual_seed(10 + t)
+    sign = -1.0 if t == 1 else 1.0
+    return [
+        (sign * p.detach().float().cpu() + 0.3 * torch.randn(p.shape, generator=gen)).to(
+            "cuda", p.dtype
+        )
+        for p in params
+    ]
+
+
+def _pair(cls, kw, dtype=torch.float32, **extra):
+    a = _params(dtype)
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    return a, b, cls(a, **kw, **extra), cls(b, **kw, foreach=False)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_default_steps_match_single_tensor(cls, kw):
+    a, b, opt, ref = _pair(cls, kw)
+    for t in range(6):
+        for ps, o in ((a, opt), (b, ref)):
+            for p, g in zip(ps, _grads(a, t), strict=True):
+                p.grad = g
+            o.step()
+    assert opt.__dict__.get("_am_plans")
+    assert opt.state[a[0]]["step"].is_cuda
+    for p, q in zip(a, b, strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+        assert float(opt.state[p]["beta"]) == pytest.approx(float(ref.state[q]["beta"]), abs=1e-4)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_compiled_fullgraph_no_recompile(cls, kw):
+    from torch._dynamo.utils import counters
+
+    lr = torch.tensor(kw["lr"])
+    a, b, opt, ref = _pair(cls, {**kw, "lr": lr})
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(opt.step, fullgraph=True)
+    sch = [torch.optim.lr_scheduler.ExponentialLR(o, 0.8) for o in (opt, ref)]
+    for t in range(4):
+        g = _grads(a, t)
+        for p, x in zip(a, g, strict=True):
+            p.grad = x
+        step()
+        for p, x in zip(b, g, strict=True):
+            p.grad = x
+        ref.step()
+        for s in sch:
+            s.step()
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+    for p, q in zip(a, b, strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_capturable_step_replays_in_a_cuda_graph(cls, kw):
+    extra = {"capturable": True} if cls is AMAdamW else {}
+    a, b, opt, ref = _pair(cls, kw, **extra)
+    static = [torch.zeros_like(p) for p in a]
+    for p, s in zip(a, static, strict=True):
+        p.grad = s
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for t in range(2):  # warm-up: the first step plans the group
+            for s, g in zip(static, _grads(a, t), strict=True):
+                s.copy_(g)
+            opt.step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    for t in range(2):
+        for p, g in zip(b, _grads(a, t), strict=True):
+            p.grad = g
+        ref.step()
+    for t in range(2, 5):
+        g = _grads(a, t)
+        for s, x in zip(static, g, strict=True):
+            s.copy_(x)
+        graph.replay()
+        for p, x in zip(b, g, strict=True):
+            p.grad = x
+        ref.step()
+    torch.cuda.synchronize()
+    for p, q in zip(a, b, strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES[:1] + CASES[2:3])
+def test_reduce_overhead_compile(cls, kw):
+    a, b, opt, ref = _pair(cls, kw)
+    step = torch.compile(opt.step, mode="reduce-overhead")
+    for t in range(5):
+        g = _grads(a, t)
+        for p, x in zip(a, g, strict=True):
+            p.grad = x
+        step()
+        for p, x in zip(b, g, strict=True):
+            p.grad = x
+        ref.step()
+    torch.cuda.synchronize()
+    for p, q in zip(a, b, strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+
+
+def test_host_time_report():
+    """Not a timed test: prints host time per step (until step() returns) at GPT-2-small
+    shapes, for the lead's table."""
+    from amopt.bench._gpu import gpt2_small_shapes
+
+    rows = []
+    for n_rep, name in ((1, "148"), (10, "1480")):
+        shapes = [
+            tuple(s) if n_rep == 1 else (max(1, s[0] // 10),) + tuple(s[1:])
+            for s in gpt2_small_shapes()
+        ] * n_rep
+        for label, make in (
+            ("AMAdamW()", lambda ps: AMAdamW(ps, lr=1e-4)),
+            ("AdamW(fused)", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True)),
+            ("AdamW()", lambda ps: torch.optim.AdamW(ps, lr=1e-4)),
+            ("AMSGD()", lambda ps: AMSGD(ps, lr=1e-4)),
+            ("SGD(momentum)", lambda ps: torch.optim.SGD(ps, lr=1e-4, momentum=0.9)),
+        ):
+            ps = [
+                torch.nn.Parameter(torch.zeros(s, device="cuda", dtype=torch.bfloat16))
+                for s in shapes
+            ]
+            for p in ps:
+                p.grad = torch.full_like(p, 1e-3)
+            opt = make(ps)
+            for _ in range(3):
+                opt.step()
+            torch.cuda.synchronize()
+            host, total = [], []
+            for _ in range(20):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                opt.step()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                host.append(t1 - t0)
+                total.append(time.perf_counter() - t0)
+            host.sort()
+            total.sort()
+            rows.append(
+                f"{name:>5} {label:14s} host {host[10] * 1e3:7.3f} ms"
+                f"  step {total[10] * 1e3:7.3f} ms"
+            )
+    print("\n" + "\n".join(rows))

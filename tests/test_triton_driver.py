@@ -1,0 +1,355 @@
+"""The Triton driver of the optimizers: planned steps, their host work, torch.compile.
+
+The kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``) and
+the optimizers are made to choose the Triton path, as they do on CUDA; the launch
+seam ``amopt.torch._triton._kernels`` is replaced by counting stand-ins where only
+the launches matter. References: the single-tensor path (``foreach=False``) on the
+same gradients, and counts that must not depend on the number of tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from torch._dynamo.utils import counters  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from amopt.torch import AMSGD, AMAdamW, _amadamw, _amsgd, _common  # noqa: E402
+from amopt.torch import _triton as tri  # noqa: E402
+
+KERNELS = ("sgd_reduce", "sgd_apply", "adam_reduce", "adam_apply", "segment_sum")
+CASES = [
+    pytest.param(AMAdamW, {"lr": 0.01}, id="AMAdamW-per-layer"),
+    pytest.param(AMAdamW, {"lr": 0.01, "per_layer": False}, id="AMAdamW-global"),
+    pytest.param(AMSGD, {"lr": 0.05}, id="AMSGD-global"),
+    pytest.param(AMSGD, {"lr": 0.05, "per_layer": True}, id="AMSGD-per-layer"),
+]
+
+
+@pytest.fixture(autouse=True)
+def triton_path(monkeypatch):
+    """The default path is the Triton one (on CPU tensors, in the interpreter)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(tri, "BLOCK", 16)
+    monkeypatch.setattr(tri, "CHUNK", 32)
+    monkeypatch.setattr(tri, "SEGMENT_ROWS", 4)
+    if tri.available([torch.zeros(1)]) is not None:
+        pytest.skip(tri.available([torch.zeros(1)]))
+    original = _common.default_path
+
+    def default_path(params, grads, *, fused, foreach):
+        if fused or (fused is None and foreach is None):  # fused=True on the CPU here
+            return "triton", None
+        return original(params, grads, fused=fused, foreach=foreach)
+
+    for module in (_common, _amsgd, _amadamw):
+        monkeypatch.setattr(module, "default_path", default_path)
+
+
+class _Launches:
+    """Stand-in kernels: count the launches, run nothing."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        self.count += 1
+
+
+def _stub_kernels(monkeypatch) -> _Launches:
+    launches = _Launches()
+    monkeypatch.setattr(tri, "_kernels", lambda interpret: dict.fromkeys(KERNELS, launches))
+    return launches
+
+
+def _params(n, seed=0, dtypes=(torch.float64,)):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(int(k) + 1,) for k in torch.randint(0, 70, (n,), generator=gen)]
+    return [
+        torch.nn.Parameter(
+            torch.randn(s, generator=gen, dtype=torch.float64).to(dtypes[i % len(dtypes)])
+        )
+        for i, s in enumerate(shapes)
+    ]
+
+
+def _grads(params, t):
+    gen = torch.Generator().manual_seed(100 + t)
+    sign = -1.0 if t == 1 else 1.0  # a reversal: betas inside (0, beta_max)
+    return [
+        (
+            sign * p.detach().double()
+            + 0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        ).to(p.dtype)
+        for p in params
+    ]
+
+
+def _set_grads(params, grads):
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()  # a new tensor each step, as zero_grad(set_to_none=True) leaves it
+
+
+# --------------------------------------------------------------------------- planned steps
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_planned_steps_match_the_single_tensor_path(cls, kw):
+    """Steps on the group's plan, a scheduler changing lr and the cap, a state_dict round
+    trip and a parameter moved to new storage: the single-tensor iterates and betas."""
+    params = _params(7, dtypes=(torch.float64, torch.float32))
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref = cls(params, **kw), cls(ref_params, **kw, foreach=False)
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.7) for o in (opt, ref)]
+    for t in range(6):
+        grads = _grads(params, t)
+        for ps, o, sch in zip((params, ref_params), (opt, ref), schedulers, strict=True):
+            _set_grads(ps, grads)
+            o.step()
+            sch.step()
+        if t == 1:
+            assert opt.__dict__.get("_am_plans"), "the group has a plan after its first step"
+        if t == 2:  # checkpoint round trip into a fresh optimizer
+            saved = copy.deepcopy(opt.state_dict())
+            opt = cls(params, **kw)
+            opt.load_state_dict(saved)
+            schedulers[0] = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.7)
+            schedulers[0].last_epoch = schedulers[1].last_epoch
+        if t == 3:  # p.data elsewhere: the plan no longer applies and is rebuilt
+            params[0].data = params[0].data.clone()
+        if t == 4:
+            for o in (opt, ref):
+                for g in o.param_groups:
+                    key = "betas" if cls is AMAdamW else "beta_max"
+                    g[key] = (0.8, g["betas"][1]) if cls is AMAdamW else 0.8
+        for p, q in zip(params, ref_params, strict=True):
+            # float64 parameters share a global scope with float32 ones, whose terms the
+            # kernels and the reference round differently (float32 eps 6e-8 on their part
+            # of the sums, damped by lr in the step): 1e-8 is far above it, far below a
+            # wrong step
+            tol = 1e-8 if p.dtype == torch.float64 else 1e-5
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol)
+            for key in ("step", "beta", "beta1_prod"):
+                if key in ref.state[q]:
+                    assert float(opt.state[p][key]) == pytest.approx(
+                        float(ref.state[q][key]), rel=1e-6, abs=1e-9
+                    ), (t, key)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_state_entries_are_views_of_the_group_state(cls, kw):
+    params = _params(5)
+    opt = cls(params, **kw)
+    for t in range(2):
+        _set_grads(params, _grads(params, t))
+        opt.step()
+    plan = opt._am_plans[id(opt.param_groups[0])]
+    for p in params:
+        assert opt.state[p]["step"]._base is plan.state.steps
+        assert float(opt.state[p]["step"]) == 2
+    betas = [opt.state[p]["beta"] for p in params]
+    if kw.get("per_layer", cls is AMAdamW):
+        assert len({id(b) for b in betas}) == len(params)
+    else:
+        assert all(b is betas[0] for b in betas)  # one scope, one shared tensor
+
+
+# --------------------------------------------------------------------------- host work
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+        self.int_outputs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append(str(func))
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dtype != torch.bool:
+                self.int_outputs.append(str(func))
+        return out
+
+
+def _planned_step(cls, kw, n, monkeypatch):
+    """Launches and tensor operations of one planned step over ``n`` tensors."""
+    launches = _stub_kernels(monkeypatch)
+    params = _params(n)
+    opt = cls(params, **kw)
+    for t in range(2):  # the first builds the plan
+        _set_grads(params, _grads(params, t))
+        opt.step()
+    for p, g in zip(params, _grads(params, 2), strict=True):
+        p.grad.copy_(g)  # the gradients where they were (zero_grad(set_to_none=False))
+    launches.count = 0
+    with _Ops() as ops:
+        opt.step()
+    return launches.count, ops
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_host_work_of_a_planned_step_does_not_grow_with_the_tensors(cls, kw, monkeypatch):
+    """12 or 120 tensors: the same launches and the same tensor operations per step, no
+    integer tensor made (address tables, block maps) and no value read on the host."""
+    small_launches, small = _planned_step(cls, kw, 12, monkeypatch)
+    large_launches, large = _planned_step(cls, kw, 120, monkeypatch)
+    # per dtype: reduce (whole and partial chunks), apply (both), and one segment sum per array
+    assert small_launches == large_launches == 5
+    assert small.ops == large.ops
+    assert len(small.ops) <= 40, small.ops
+    assert small.int_outputs == []
+    host_reads = {"aten._local_scalar_dense.default", "aten.item.default"}
+    assert not host_reads & set(small.ops)
+    assert not any("pin_memory" in op for op in small.ops), small.ops
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+COMPILED_CASES = [
+    pytest.param(
+        *case.values,
+        id=case.id,
+        marks=pytest.mark.xfail(
+            reason="open, not the Triton path's: with aot_eager the compiled global-scope "
+            "AM-AdamW step leaves beta1_prod at 1 (the fused CPU operator too)",
+            strict=False,
+        ),
+    )
+    if case.values[0] is AMAdamW
+    else case
+    for case in CASES
+]
+
+
+@pytest.mark.parametrize(("cls", "kw"), COMPILED_CASES)
+def test_compiled_step_is_one_node_fullgraph_without_recompiles(cls, kw):
+    """``fullgraph=True``, a scheduler changing a tensor ``lr`` at every step (a float
+    ``lr`` is a constant of the graph, as for torch's optimizers): one graph holding the
+    Triton operator, compiled once over four steps, and the eager iterates."""
+    params = _params(4)
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    lr = torch.tensor(kw["lr"], dtype=torch.float64)
+    opt = cls(params, **{**kw, "lr": lr})
+    eager = cls(eager_params, **{**kw, "lr": lr.clone()})
+    torch._dynamo.reset()
+    counters.clear()
+    targets: set[str] = set()
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        targets.update(str(node.target) for node in gm.graph.nodes)
+        return aot_eager(gm, example_inputs)
+
+    step = torch.compile(opt.step, fullgraph=True, backend=backend)
+    # made after compiling the bound step: a scheduler wraps ``opt.step`` in a function
+    # dynamo does not trace
+    schedulers = [torch.optim.lr_scheduler.ExponentialLR(o, 0.8) for o in (opt, eager)]
+    for t in range(4):
+        grads = _grads(params, t)
+        _set_grads(params, grads)
+        step()
+        _set_grads(eager_params, grads)
+        eager.step()
+        for sch in schedulers:  # a new lr in the tensor at every step
+            sch.step()
+        for p, q in zip(params, eager_params, strict=True):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    name = "amopt.triton_amsgd_" if cls is AMSGD else "amopt.triton_am_adamw_"
+    assert any(name in t for t in targets), targets
+
+
+def test_the_triton_operators_pass_opcheck():
+    from amopt.torch import _fused_ops
+
+    params = [p.detach() for p in _params(3)]
+    grads = [g for g in _grads(params, 0)]
+    numbers_rule = [0.1, 0.9, 0.5, 0.7, 0.9, 0.1]
+    adam_args = (
+        [p.clone() for p in params],
+        grads,
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros(()) for _ in params],
+        [torch.ones((), dtype=torch.float64) for _ in params],
+        None,
+        None,
+        torch.tensor(1e-2, dtype=torch.float64),
+        [0.0, 0.99, 1e-8, 0.01, *numbers_rule],
+        "decoupled",
+        False,
+        True,
+        None,
+    )
+    torch.library.opcheck(_fused_ops._triton_am_adamw_op, adam_args)
+    sgd_args = (
+        [p.clone() for p in params],
+        grads,
+        [g.clone() for g in grads],
+        [torch.zeros(()) for _ in params],
+        None,
+        None,
+        None,
+        [0.05, 0.0, *numbers_rule],
+        False,
+        False,
+        None,
+    )
+    torch.library.opcheck(_fused_ops._triton_amsgd_op, sgd_args)
+
+
+# --------------------------------------------------------------------------- layering
+
+
+def test_the_torch_package_has_no_import_circles():
+    """Every import between the modules of ``amopt.torch`` (function-level ones included)
+    points down: optimizer classes, then the drivers, then the shared records."""
+    import ast
+    from pathlib import Path
+
+    import amopt.torch
+
+    root = Path(amopt.torch.__file__).parent
+    modules = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for m in modules:
+        for node in ast.walk(ast.parse((root / f"{m}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "amopt.torch":
+                    edges[m] |= {a.name for a in node.names if a.name in modules}
+                elif node.module.startswith("amopt.torch."):
+                    edges[m].add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("amopt.torch."):
+                        edges[m].add(a.name.split(".")[2])
+    assert edges["_records"] == set()
+    assert {"_amsgd", "_amadamw"}.isdisjoint(
+        set().union(*(edges[m] for m in modules - {"_amsgd", "_amadamw"}))
+    )
+
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for n in edges[m]:
+            assert state.get(n) != 1, f"import circle: {' -> '.join([*path, m, n])}"
+            if n not in state:
+                visit(n, [*path, m])
+        state[m] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m, [])
