@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
-from amopt._config import AMConfig, check_bool, check_choice
+from amopt._config import AMConfig, check_bool, check_choice, check_interval
 from amopt.torch import _distributed, _fused, _fused_ops
 from amopt.torch._common import (
     AdamHyper,
