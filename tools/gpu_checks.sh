@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The CUDA checks in one run: the tests that need a GPU (CUDA tensors, compiled Triton
+# kernels, CUDA graphs, CuPy), then the GPU rows of the bench. Each step has its own time
+# limit so that one slow step cannot take the others' time. Logs go to $OUT (default ./out).
+#   bash tools/gpu_checks.sh [TEST_SECONDS] [BENCH_SECONDS]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-out}"; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# a9a for the sparse rows and tests, where a copy travels with the tree
+if [ -f .gpudata/a9a ]; then
+    mkdir -p ../shared/data/libsvm && cp .gpudata/a9a ../shared/data/libsvm/a9a
+    export AMOPT_A9A="$PWD/.gpudata/a9a"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)" | tee -a "$out/gpu.txt"
+
+timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -rfEs --timeout 90 \
+    tests/test_triton.py tests/test_triton_compile.py tests/test_triton_driver.py \
+    tests/test_torch_optim_renewed.py \
+    "tests/test_minimize_device_syncs.py" "tests/test_problems_sparse_device.py" \
+    -k "cuda or cupy or triton or Triton or gpu" 2>&1 | tee "$out/tests.log" | tail -40
+echo "tests exit: ${PIPESTATUS[0]}"
+
+timeout "${2:-170}" python3 -m amopt.bench --gpu --row-seconds 2 --json "$out/bench.json" \
+    2>&1 | tee "$out/bench.log" | tail -45
+echo "bench exit: ${PIPESTATUS[0]}"
