@@ -215,23 +215,7 @@ def test_host_work_of_a_planned_step_does_not_grow_with_the_tensors(cls, kw, mon
 # --------------------------------------------------------------------------- torch.compile
 
 
-COMPILED_CASES = [
-    pytest.param(
-        *case.values,
-        id=case.id,
-        marks=pytest.mark.xfail(
-            reason="open, not the Triton path's: with aot_eager the compiled global-scope "
-            "AM-AdamW step leaves beta1_prod at 1 (the fused CPU operator too)",
-            strict=False,
-        ),
-    )
-    if case.values[0] is AMAdamW
-    else case
-    for case in CASES
-]
-
-
-@pytest.mark.parametrize(("cls", "kw"), COMPILED_CASES)
+@pytest.mark.parametrize(("cls", "kw"), CASES)
 def test_compiled_step_is_one_node_fullgraph_without_recompiles(cls, kw):
     """``fullgraph=True``, a scheduler changing a tensor ``lr`` at every step (a float
     ``lr`` is a constant of the graph, as for torch's optimizers): one graph holding the

@@ -980,8 +980,8 @@ class AMOptimizerBase(Optimizer):
                     existing[id(old)] = old
             shared = next(iter(existing.values()), None)
             value = skip.blend(shared, values[0]) if skip else values[0]
-            for t in existing.values():
-                t.copy_(value)
+            if existing:  # a multi-tensor copy: AOT autograd was seen to drop a copy_ here
+                torch._foreach_copy_(list(existing.values()), [value] * len(existing))
             for state in members:
                 if not _same_kind(state.get(key), value):
                     state[key] = value if shared is None else shared

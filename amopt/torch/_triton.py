@@ -26,7 +26,14 @@ float16 / bfloat16 / float32 parameters (float64 for float64); the state
 dtype, as in ``torch.optim.AdamW(fused=True)``.
 
 No device value is read on the host: the rule runs on the device, and the
-address tables and block maps are built from the tensors' metadata (and cached).
+address tables and block maps are built from the tensors' metadata once, into a
+:class:`Plan` (cached by the tensors' addresses for the functional drivers). The
+optimizers keep one :class:`GroupPlan` per param group: their per-parameter ``step``,
+``beta`` and ``beta1_prod`` entries become views of group-level device tensors
+(:class:`GroupState`), so that a step is a fixed number of launches and small
+device operations whatever the number of tensors, and no host-to-device copy.
+Under ``torch.compile`` the drivers run inside the custom operators of
+``amopt.torch._fused_ops`` (one node of the graph).
 GradScaler's fused protocol is supported: ``grad_scale`` divides the gradients
 inside the kernels, and ``found_inf`` (nonzero) masks every store, keeps the
 running products :math:`\pi` and leaves the step counters as they were. Step
