@@ -205,9 +205,26 @@ def cpu_chunks(monkeypatch):
 @pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])
 @pytest.mark.parametrize("scale", beta_scale.SCALES)
 def test_cpu_chunks_betas_are_scale_invariant(scale, per_layer, cpu_chunks):
-    """AMSGD's chunks square in float32, summed again scaled where that would under- or
-    overflow: beta is that of the unscaled data."""
+    """AM-AdamW's chunks (and AMSGD's whole tensors): beta is that of the unscaled data."""
     test_device_strategy_betas_are_scale_invariant(scale, per_layer, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_cpu_sqsums_keep_the_float32_range(dtype):
+    """AMSGD's sums of squares in CPU chunks (half precision) against float64 sums: float32
+    squares of 1e-25 or 1e25 would underflow or overflow; zeros stay zero."""
+    gen = torch.Generator().manual_seed(0)
+    pieces = [
+        (s * torch.randn(n, generator=gen, dtype=torch.float64)).to(dtype)
+        for s in (1e-30, 1e-25, 1e-20, 1e-3, 1.0, 1e20, 1e25, 1e30)
+        for n in (1, 100, 3000)
+    ]
+    pieces += [torch.zeros(50, dtype=dtype), torch.tensor([0.0, 1e-30, 0.0], dtype=dtype)]
+    buffers = [torch.empty(t.shape, dtype=torch.float32) for t in pieces]
+    got = common.cpu_sqsums(pieces, buffers)
+    ref = torch.stack([(t.double() ** 2).sum() for t in pieces])
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, ref, rtol=3000 * 2.0**-24, atol=0.0)
 
 
 @pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])

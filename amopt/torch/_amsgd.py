@@ -729,6 +729,8 @@ def _multi_tensor_amsgd(
         numels = [t.numel() for t in lists[1]]
         contiguous = all(t.is_contiguous() for ts in lists for t in ts)
         mode = foreach_mode(device, sum(numels), half=dtype != op, contiguous=contiguous)
+        if mode == "chunks" and dtype == op:  # few passes: whole tensors as fast, fewer ops
+            mode = "lists"
         kit: Any = None
         if mode == "flat":  # 1-D views: per-tensor values spread over them (Flat)
             kit = Flat(numels, device)
