@@ -183,3 +183,13 @@ def test_libsvm_row_reads_the_data_folder_file(numpy_as_cupy, monkeypatch, tmp_p
     monkeypatch.setenv("AMOPT_A9A", str(tmp_path / "missing"))
     with pytest.raises(cases.SkipCase, match="a9a not found"):
         next(r for r in _gpu.ROWS if r.key == "gpu-libsvm").measure(Settings(quick=True))
+
+
+def test_a_long_error_keeps_its_start_and_its_end():
+    def compile_error(s):
+        raise RuntimeError("g++ " + "-O3 " * 500 + "internal compiler error: Segmentation fault")
+
+    (result,) = _cli.run_rows([Row("long", "long", "A", "B", 1.0, compile_error)], Settings())
+    assert result.status == "error" and result.error.startswith("RuntimeError: g++ -O3")
+    assert "... " in result.error and "internal compiler error: Segmentation fault" in result.error
+    assert len(result.error) < 800

@@ -111,7 +111,9 @@ def run_rows(
             result = Result(row, skipped=f"missing package: {exc}")
         except Exception as exc:  # noqa: BLE001 - one failing row must not stop the others
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            message = " ".join(str(exc).split())[:400]
+            message = " ".join(str(exc).split())
+            if len(message) > 600:  # a compiler's command line first, its error last
+                message = f"{message[:200]} ... {message[-400:]}"
             result = Result(
                 row,
                 error=f"{type(exc).__name__}: {message} "
