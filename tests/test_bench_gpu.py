@@ -183,3 +183,30 @@ def test_libsvm_row_reads_the_data_folder_file(numpy_as_cupy, monkeypatch, tmp_p
     monkeypatch.setenv("AMOPT_A9A", str(tmp_path / "missing"))
     with pytest.raises(cases.SkipCase, match="a9a not found"):
         next(r for r in _gpu.ROWS if r.key == "gpu-libsvm").measure(Settings(quick=True))
+
+
+def test_a_long_error_keeps_its_start_and_its_end():
+    def compile_error(s):
+        raise RuntimeError("g++ " + "-O3 " * 500 + "internal compiler error: Segmentation fault")
+
+    (result,) = _cli.run_rows([Row("long", "long", "A", "B", 1.0, compile_error)], Settings())
+    assert result.status == "error" and result.error.startswith("RuntimeError: g++ -O3")
+    assert "... " in result.error and "internal compiler error: Segmentation fault" in result.error
+    assert len(result.error) < 800
+
+
+def test_json_is_written_after_every_row(monkeypatch, tmp_path):
+    """A run cut short by a time limit keeps the rows it measured."""
+    out = tmp_path / "partial.json"
+    seen = {}
+
+    def second(s):
+        seen.update(json.loads(out.read_text()))
+        return Measured(1.0, 1.0, 1.0, "ms")
+
+    first = Row("first", "first", "A", "B", 2.0, lambda s: Measured(1.0, 2.0, 0.5, "ms"))
+    monkeypatch.setattr(_cli, "ROWS", (first, Row("second", "second", "A", "B", 2.0, second)))
+    assert _cli.main(["--repeat", "1", "--quick", "--json", str(out)]) == 0
+    assert seen["complete"] is False and [r["key"] for r in seen["rows"]] == ["first"]
+    final = json.loads(out.read_text())
+    assert final["complete"] is True and [r["key"] for r in final["rows"]] == ["first", "second"]

@@ -39,6 +39,7 @@ def test_counter_counts_known_ops_and_host_reads():
         y.cpu()  # a copy to the host on a GPU
         y.to("cpu")  # likewise
         y.to(torch.float64)  # a dtype conversion: an op, no read
+        y.view(2, 3).reshape(6)  # a view (the reshape of a contiguous tensor: a view too)
     assert c.ops["aten.mul.Tensor"] == 1 and c.ops["aten.sum.default"] == 1
     assert c.ops[_host.LOCAL_SCALAR] == 2
     assert c.ops["aten._to_copy.default"] == 1
@@ -46,6 +47,9 @@ def test_counter_counts_known_ops_and_host_reads():
         {_host.LOCAL_SCALAR: 2, "tolist": 1, "__array__": 1, "cpu": 1, "to": 1}
     )
     assert c.syncs == 6
+    # views: the two, and numpy()'s detach
+    assert c.ops["aten.view.default"] == 2 and c.ops["aten.detach.default"] == 1
+    assert c.views == 3 and c.kernel_ops == c.total_ops - 3
 
 
 def test_counter_restores_the_tensor_methods():
@@ -198,15 +202,27 @@ def _row(rows, key):
 
 
 def test_foreach_ops_row_ratio_is_ops_over_the_allowance(monkeypatch):
-    def fake(kind, shapes):
+    def fake(kind, shapes, as_on_gpu=False):
         c = _host.HostCounter()
-        c.ops["aten.dot.default"] = 700 if kind.startswith("am") else 300
+        c.ops["aten.dot.default"] = (500 if as_on_gpu else 700) if kind.startswith("am") else 300
+        c.as_on_gpu = as_on_gpu
         return c
 
     monkeypatch.setattr(_host, "foreach_step_ops", fake)
     m = _row(_standins.ROWS, "foreach-ops").measure(Settings(quick=True))
-    assert (m.a, m.b) == (700, 300)
-    assert m.ratio == pytest.approx(700 / (1.5 * 300 + 40))
+    assert (m.a, m.b) == (500, 300) and "CPU strategy (cache-sized chunks): 700 ops" in m.note
+    assert m.ratio == pytest.approx(500 / (1.5 * 300 + 40))
+
+
+def test_device_strategy_is_restored():
+    from amopt.torch import _common
+
+    before = getattr(_common, "FORCE_DEVICE_STRATEGY", None)
+    with _host.device_strategy() as applied:
+        assert applied == hasattr(_common, "FORCE_DEVICE_STRATEGY")
+        if applied:
+            assert _common.FORCE_DEVICE_STRATEGY is True
+    assert getattr(_common, "FORCE_DEVICE_STRATEGY", None) == before
 
 
 def test_foreach_ops_counts_a_real_step():

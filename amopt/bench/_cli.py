@@ -90,13 +90,18 @@ def _a9a_from(data_dir: str | os.PathLike[str] | None) -> Iterator[None]:
 
 
 def run_rows(
-    rows: Sequence[Row], settings: Settings, *, progress: Callable[[str], None] | None = None
+    rows: Sequence[Row],
+    settings: Settings,
+    *,
+    progress: Callable[[str], None] | None = None,
+    done: Callable[[list[Result]], None] | None = None,
 ) -> list[Result]:
     """Measure ``rows`` one after the other.
 
     A row that cannot run here (:class:`~amopt.bench.cases.SkipCase`, a missing
     package) is skipped; a row that raises anything else is reported as an error (the
-    exception's type and message) and the next row runs.
+    exception's type and message) and the next row runs. ``done`` is called with the
+    results so far after each row.
     """
     results = []
     for row in rows:
@@ -111,7 +116,9 @@ def run_rows(
             result = Result(row, skipped=f"missing package: {exc}")
         except Exception as exc:  # noqa: BLE001 - one failing row must not stop the others
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            message = " ".join(str(exc).split())[:400]
+            message = " ".join(str(exc).split())
+            if len(message) > 600:  # a compiler's command line first, its error last
+                message = f"{message[:200]} ... {message[-400:]}"
             result = Result(
                 row,
                 error=f"{type(exc).__name__}: {message} "
@@ -119,6 +126,8 @@ def run_rows(
             )
         result.seconds = time.perf_counter() - start
         results.append(result)
+        if done is not None:
+            done(results)
     return results
 
 
@@ -260,6 +269,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _write_json(
+    path: str, info: dict[str, str], settings: Settings, measures: dict, results: list[Result]
+) -> None:
+    payload = {
+        "machine": info,
+        "settings": asdict(settings),
+        "load_before": measures.get("load_before"),
+        "load_after": measures.get("load_after"),
+        "memory_bandwidth_gbs_before": measures.get("memory_bandwidth_gbs_before"),
+        "memory_bandwidth_gbs_after": measures.get("memory_bandwidth_gbs_after"),
+        "complete": "load_after" in measures,
+        "rows": [
+            {
+                "key": r.row.key,
+                "metric": r.row.metric,
+                "target": r.row.target,
+                "status": r.status,
+                "skipped": r.skipped,
+                "error": r.error,
+                "seconds": r.seconds,
+                "measured": None if r.measured is None else asdict(r.measured),
+            }
+            for r in results
+        ],
+    }
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=2)
+    os.replace(tmp, path)
+
+
 def _select(args: argparse.Namespace) -> list[Row]:
     """The rows the flags ask for, in table order."""
     if args.all:
@@ -316,37 +356,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     mib = _PROBE_MIB[settings.quick]
     before, bw_before = load_average(), memory_bandwidth(mib, threads=settings.threads)
+    info = machine_info()
+    measures = {"load_before": before, "memory_bandwidth_gbs_before": bw_before}
+
+    def write_json(results: list[Result]) -> None:
+        # after every row, so that a run cut short by a time limit keeps what it measured
+        if args.json:
+            _write_json(args.json, info, settings, measures, results)
+
+    def report_row(results: list[Result]) -> None:
+        r = results[-1]
+        ratio = "-" if r.measured is None else f"{r.measured.ratio:.3f}"
+        why = r.error or r.skipped or ""
+        print(f"  {r.row.key}: {r.status} {ratio} ({r.seconds:.1f} s) {why}"[:300],
+              file=sys.stderr, flush=True)  # fmt: skip
+        write_json(results)
+
     with _a9a_from(args.data_dir):
         results = run_rows(
-            rows, settings, progress=lambda m: print(m, file=sys.stderr, flush=True)
+            rows,
+            settings,
+            progress=lambda m: print(m, file=sys.stderr, flush=True),
+            done=report_row,
         )
     after, bw_after = load_average(), memory_bandwidth(mib, threads=settings.threads)
-    info = machine_info()
+    measures.update(load_after=after, memory_bandwidth_gbs_after=bw_after)
     print(format_report(results, info, settings, (before, after), (bw_before, bw_after)))
-    if args.json:
-        payload = {
-            "machine": info,
-            "settings": asdict(settings),
-            "load_before": before,
-            "load_after": after,
-            "memory_bandwidth_gbs_before": bw_before,
-            "memory_bandwidth_gbs_after": bw_after,
-            "rows": [
-                {
-                    "key": r.row.key,
-                    "metric": r.row.metric,
-                    "target": r.row.target,
-                    "status": r.status,
-                    "skipped": r.skipped,
-                    "error": r.error,
-                    "seconds": r.seconds,
-                    "measured": None if r.measured is None else asdict(r.measured),
-                }
-                for r in results
-            ],
-        }
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2)
+    write_json(results)
     missed = [r for r in results if r.status in ("MISSED", "error")]
     if args.check and missed:
         print(

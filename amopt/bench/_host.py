@@ -35,6 +35,7 @@ __all__ = [
     "HostCounter",
     "LaunchStub",
     "TritonHostCase",
+    "device_strategy",
     "foreach_step_ops",
     "minimize_counts",
     "triton_on_cpu",
@@ -61,7 +62,8 @@ def _to_host(args: tuple, kwargs: dict) -> bool:
 class HostCounter:
     """Count aten operations and host synchronisations while it is entered.
 
-    ``ops`` counts every aten operation dispatched (by name); ``syncs`` the reads to
+    ``ops`` counts every aten operation dispatched (by name), ``views`` those that are
+    views (``kernel_ops``: the others, the ones a GPU launches); ``syncs`` the reads to
     the host: each ``aten._local_scalar_dense`` and each call of a method of
     :data:`HOST_METHODS` (``to`` only with a CPU device), those made inside another
     such call not counted again (``np.asarray(t)`` calls ``t.__array__``, which calls
@@ -80,6 +82,7 @@ class HostCounter:
 
     def __init__(self) -> None:
         self.ops: Counter[str] = Counter()
+        self.views = 0
         self.sync_sites: Counter[str] = Counter()
         self._local = threading.local()
         self._saved: dict[str, Any] = {}
@@ -93,7 +96,13 @@ class HostCounter:
     def total_ops(self) -> int:
         return sum(self.ops.values())
 
+    @property
+    def kernel_ops(self) -> int:
+        """The operations that are not views (a view launches no kernel on a GPU)."""
+        return self.total_ops - self.views
+
     def reset(self) -> None:
+        self.views = 0
         self.ops.clear()
         self.sync_sites.clear()
 
@@ -126,6 +135,8 @@ class HostCounter:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
                 name = str(func)
                 counter.ops[name] += 1
+                if getattr(func, "is_view", False):
+                    counter.views += 1
                 if name == LOCAL_SCALAR and counter._depth() == 0:
                     counter.sync_sites[name] += 1
                 return func(*args, **(kwargs or {}))
@@ -306,13 +317,37 @@ class TritonHostCase:
 # --------------------------------------------------------------------------- op counts
 
 
-def foreach_step_ops(kind: str, shapes: list[tuple[int, ...]]) -> HostCounter:
+@contextlib.contextmanager
+def device_strategy() -> Iterator[bool]:
+    """Run the foreach paths on CPU tensors as they run on a GPU, where amopt can.
+
+    ``amopt.torch._common.FORCE_DEVICE_STRATEGY`` (where it exists) makes the foreach
+    implementation take the strategy of other devices on the CPU (whole-bucket
+    multi-tensor operations instead of cache-sized chunks); yields whether it did.
+    """
+    from amopt.torch import _common
+
+    if not hasattr(_common, "FORCE_DEVICE_STRATEGY"):
+        yield False
+        return
+    saved = _common.FORCE_DEVICE_STRATEGY
+    _common.FORCE_DEVICE_STRATEGY = True
+    try:
+        yield True
+    finally:
+        _common.FORCE_DEVICE_STRATEGY = saved
+
+
+def foreach_step_ops(
+    kind: str, shapes: list[tuple[int, ...]], *, as_on_gpu: bool = False
+) -> HostCounter:
     """The aten operations and synchronisations of one step (the second) of ``kind``.
 
     ``kind`` is ``"am_adamw_foreach"``, ``"adamw_foreach"``, ``"amsgd_foreach"`` or
     ``"sgd_foreach"`` (:func:`amopt.bench.cases.make_optimizer`, per-layer beta) over
     float32 CPU parameters of ``shapes``; the first step, which creates the state,
-    is not counted.
+    is not counted. ``as_on_gpu``: both steps under :func:`device_strategy`
+    (``counter.as_on_gpu`` says whether it applied).
     """
     import torch
 
@@ -324,9 +359,12 @@ def foreach_step_ops(kind: str, shapes: list[tuple[int, ...]]) -> HostCounter:
         p.grad = 1e-2 * torch.randn(s, generator=gen)
         params.append(p)
     opt = cases.make_optimizer(kind, params, per_layer=True)
-    opt.step()
-    with HostCounter() as counter:
+    strategy = device_strategy() if as_on_gpu else contextlib.nullcontext(False)
+    with strategy as applied:
         opt.step()
+        with HostCounter() as counter:
+            opt.step()
+    counter.as_on_gpu = bool(applied)  # type: ignore[attr-defined]
     return counter
 
 
