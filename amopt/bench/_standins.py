@@ -162,7 +162,6 @@ def _minimize_ops(method_a: str, method_b: str, slack: int) -> Callable[[Setting
     return measure
 
 
-
 class Traffic:
     """Bytes moved and full-size operations of the aten operations run while entered.
 
@@ -242,8 +241,8 @@ def minimize_traffic(
     """Per iteration: bytes, full-size operations and all operations of a run.
 
     ``method`` None runs the hand-written heavy-ball loop of the ``gpu-quad-*`` rows
-    (:class:`amopt.bench._gpu.HandHeavyBall`, the same operations), else ``amopt.minimize(method=...)``
-    with ``lr=1`` and ``options``, on the float64 torch quadratic of
+    (the operations of :class:`amopt.bench._gpu.HandHeavyBall`), else
+    ``amopt.minimize(method=...)`` with ``lr=1`` and ``options``, on the float64 torch quadratic of
     :func:`amopt.bench._host.minimize_counts` (dimension ``n``, ``x0`` ones). The
     figures are the differences between the runs of the two iteration counts over
     their difference (the start and the end of a run cancel). ``bytes`` is divided
