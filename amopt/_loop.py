@@ -535,6 +535,7 @@ def _run(
     weight_decay=0.0,
     decay_in_f=False,
     split=None,
+    growth=None,
 ) -> OptimizeResult:
     """The loop shared by every method.
 
@@ -548,7 +549,8 @@ def _run(
     callback report :math:`f` and :math:`g`, the values of ``fun`` and ``jac``.
     ``default_batch``: sample ``min(DEFAULT_BATCH_SIZE, fun.n_samples)`` per batch
     when ``fun`` is a FiniteSum and ``batch_size`` is None. ``split``: the AM step
-    cut at its rule, for device arrays (:func:`_run_device`).
+    cut at its rule, for device arrays (:func:`_run_device`); ``growth``: ``(kind,
+    lr)`` of :class:`_Bound` for the methods whose steps it bounds.
     """
     maxiter = check_int("maxiter", maxiter, 0)
     gtol = check_nonnegative("gtol", gtol)
@@ -612,6 +614,7 @@ def _run(
             stochastic=stochastic,
             wd=weight_decay,
             decay_in_f=decay_in_f,
+            growth=growth,
         )
 
     def coupled(arrays: tuple, f: float, gs: tuple) -> tuple[float, tuple]:
@@ -745,6 +748,50 @@ def _max_of(values: list[float]) -> float:
     return max(values, default=0.0)
 
 
+def _max_abs_of(pairs: list[float]) -> float:
+    """``max|a|`` from the ``[min, max]`` pairs of :func:`_min_max`; NaN if any is NaN."""
+    if any(math.isnan(v) for v in pairs):
+        return math.nan
+    return max((max(hi, -lo) for lo, hi in zip(pairs[::2], pairs[1::2], strict=True)), default=0.0)
+
+
+class _Bound:
+    r"""A host bound of ``max|x_t|`` that proves the iterates finite without reading them.
+
+    For the methods whose step is :math:`x_{t+1} = x_t - \eta d_{t+1}` with
+    :math:`|d_{t+1}|` bounded by the gradients read so far (``kind``: ``"gd"``,
+    :math:`d = g`; ``"heavy_ball"``, a convex combination of :math:`d_t` and
+    :math:`g_t`; ``"am"``, :math:`g + \gamma (d - g)` with :math:`0 \le \gamma \le 1`):
+    :math:`\max|x_{t+1}| \le \max|x_t| + \eta D_{t+1}`, each bound widened by the
+    rounding of the step's operations. While the bound stays far below the largest
+    value of the dtype, no operation of the step can overflow and the new iterate is
+    finite (its inputs are); past it, the loop reads the iterate's finiteness again.
+    """
+
+    def __init__(self, kind: str, lr: float, xp: Any, arrays: tuple):
+        self.kind, self.lr = kind, lr
+        infos = [xp.finfo(a.dtype) for a in arrays]
+        self.limit = min(float(i.max) for i in infos) / 16
+        self.slack = 1.0 + 8 * max(float(i.eps) for i in infos)
+        self.x = math.inf
+        self.d = 0.0
+        self.steps = 0
+
+    def step(self, g_max: float) -> bool:
+        """Account for one step whose gradient has ``max|g| = g_max``; True when the
+        new iterate is proven finite."""
+        if self.kind == "gd" or self.steps == 0:  # the first step sets d = g
+            d = g_max
+        elif self.kind == "heavy_ball":
+            d = max(self.d, g_max)
+        else:
+            d = 2.0 * g_max + self.d
+        self.steps += 1
+        self.d = d * self.slack
+        self.x = (self.x + self.lr * self.d) * self.slack
+        return self.x <= self.limit  # False for NaN
+
+
 def _all_finite(values: list[float]) -> float:
     """0.0 when every value is finite, else NaN."""
     return 0.0 if all(math.isfinite(v) for v in values) else math.nan
@@ -760,10 +807,10 @@ class _Reads:
     ``min(g)`` and ``max(g)``.
     """
 
-    def __init__(self, xp: Any, like: Any, wd: float, decay_in_f: bool, gtol: float):
+    def __init__(self, xp: Any, like: Any, wd: float, decay_in_f: bool, exact_g: bool):
         self.xp, self.wd, self.sq = xp, wd, wd != 0 and decay_in_f
         self.min_max = _min_max(xp, like)
-        self.gtol = gtol
+        self.exact_g = exact_g
 
     def coupled(self, arrays: tuple, gs: tuple) -> tuple:
         wd = self.wd
@@ -806,17 +853,21 @@ class _Reads:
         sums: list,
         x_only: bool = False,
         at: tuple | None = None,
+        x_max: bool = False,
     ) -> dict:
         """Read the finiteness of ``xs`` (unless None), ``f``, ``max|g_c|``, ``|at|^2``
         and ``sums``.
 
-        ``"x"`` is 0.0 when ``xs`` is finite, else NaN; ``"g"`` is ``max|g_c|`` with
-        ``gtol > 0``, else 0.0 when ``g_c`` is finite and NaN when not. ``at`` is the
-        point of ``f`` (default ``xs``), whose squared norm is read when the method's f
-        includes the decay.
+        ``"x"`` is 0.0 when ``xs`` is finite, else NaN (``max|xs|`` with ``x_max``);
+        ``"g"`` is ``max|g_c|`` with ``exact_g``, else 0.0 when ``g_c`` is finite and
+        NaN when not. ``at`` is the point of ``f`` (default ``xs``), whose squared norm
+        is read when the method's f includes the decay.
         """
-        x_parts = [] if xs is None else self._sums(xs)
-        exact_g = self.gtol > 0
+        if xs is None:
+            x_parts = []
+        else:
+            x_parts = self._min_max(xs) if x_max else self._sums(xs)
+        exact_g = self.exact_g
         if x_only:
             g_parts, sq_parts, f_part = [], [], []
         else:
@@ -829,14 +880,14 @@ class _Reads:
         total = 0.0
         for v in values[k:m]:
             total += v
-        x_ok = _all_finite(values[:i])
-        if not math.isfinite(x_ok):  # the sum's test tripped: look at the elements
-            x_ok = _all_finite([self._exact_max_abs(xs)])
+        if x_max:
+            x_ok = _max_abs_of(values[:i])
+        else:
+            x_ok = _all_finite(values[:i])
+            if not math.isfinite(x_ok):  # the sum's test tripped: look at the elements
+                x_ok = _all_finite([self._exact_max_abs(xs)])
         if exact_g:
-            pairs = values[j:k]
-            g = _max_of([max(hi, -lo) for lo, hi in zip(pairs[::2], pairs[1::2], strict=True)])
-            if any(math.isnan(v) for v in pairs):
-                g = math.nan
+            g = _max_abs_of(values[j:k])
         else:
             g = _all_finite(values[j:k])
             if not math.isfinite(g):
@@ -851,7 +902,20 @@ class _Reads:
 
 
 def _run_device(
-    layout, obj, step, split, cb, sampler, *, maxiter, gtol, is_am, stochastic, wd, decay_in_f
+    layout,
+    obj,
+    step,
+    split,
+    cb,
+    sampler,
+    *,
+    maxiter,
+    gtol,
+    is_am,
+    stochastic,
+    wd,
+    decay_in_f,
+    growth=None,
 ) -> OptimizeResult:
     """The loop of :func:`_run` for device arrays: one host transfer per iteration.
 
@@ -870,7 +934,10 @@ def _run_device(
       read before the callback sees the iterate, one more transfer per iteration.
     """
     xp = layout.xp
-    reads = _Reads(xp, layout.arrays[0], wd, decay_in_f, gtol)
+    # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
+    # when the bound no longer proves it; the bound needs max|g|
+    bound = None if growth is None else _Bound(*growth, xp, layout.arrays)
+    reads = _Reads(xp, layout.arrays[0], wd, decay_in_f, gtol > 0 or bound is not None)
     xs = layout.arrays
     state = None
     betas: list[Any] = []
@@ -899,8 +966,10 @@ def _run_device(
     if sampler is None:
         f, gs = obj(xs)
         g_c = reads.coupled(xs, gs)
-        got = reads.point(xs, f, g_c, prepare(xs, g_c))
-        f, gnorm, sums = got["f"], gnorm_of(got["g"]), got["sums"]
+        got = reads.point(xs, f, g_c, prepare(xs, g_c), x_max=bound is not None)
+        if bound is not None:
+            bound.x = got["x"]
+        f, gnorm, sums, g_max = got["f"], gnorm_of(got["g"]), got["sums"], got["g"]
         f_c = method_f(f, got["sq"])
         reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
@@ -913,9 +982,11 @@ def _run_device(
                 reason = "maxiter"
                 break
             new_xs, state, beta = take_step(xs, g_c, f_c, sums)
+            sure = bound is not None and bound.step(g_max)
             f_new, g_new = obj(new_xs)
             g_c_new = reads.coupled(new_xs, g_new)
-            got = reads.point(new_xs, f_new, g_c_new, prepare(new_xs, g_c_new))
+            check = None if sure else new_xs
+            got = reads.point(check, f_new, g_c_new, prepare(new_xs, g_c_new), at=new_xs)
             if not math.isfinite(got["x"]):
                 reason = "nonfinite"
                 break
@@ -924,6 +995,7 @@ def _run_device(
                 reason = "nonfinite"
                 break
             xs, f, gs, g_c, gnorm, sums = new_xs, got["f"], g_new, g_c_new, gnorm_new, got["sums"]
+            g_max = got["g"]
             f_c = method_f(f, got["sq"])
             nit += 1
             if is_am:
@@ -934,7 +1006,10 @@ def _run_device(
         return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
 
     f, gs = math.nan, None
-    finite_x0 = math.isfinite(reads.point(xs, None, (), [], x_only=True)["x"])
+    x0_max = reads.point(xs, None, (), [], x_only=True, x_max=bound is not None)["x"]
+    finite_x0 = math.isfinite(x0_max)
+    if bound is not None:
+        bound.x = x0_max
     reason = None if finite_x0 else "nonfinite_x0"
     unchecked = None  # the iterate before the latest step, while the step's x is unread
     while reason is None:
@@ -961,10 +1036,15 @@ def _run_device(
             reason = "gtol"
             break
         new_xs, state, beta = take_step(xs, g_step, method_f(got["f"], got["sq"]), got["sums"])
-        if cb is not None and not math.isfinite(reads.point(new_xs, None, (), [], True)["x"]):
+        sure = bound is not None and bound.step(got["g"])
+        if (
+            cb is not None
+            and not sure
+            and not math.isfinite(reads.point(new_xs, None, (), [], True)["x"])
+        ):
             reason = "nonfinite"
             break
-        unchecked = None if cb is not None else xs
+        unchecked = None if cb is not None or sure else xs
         xs, f = new_xs, got["f"]
         nit += 1
         if is_am:

@@ -109,7 +109,7 @@ def _gd(options: dict) -> tuple[Callable, dict]:
     def step(xs, gs, f, state):
         return _core.gd_step(xs, gs, lr=lr), None, None
 
-    return step, {"weight_decay": _weight_decay(options)}
+    return step, {"weight_decay": _weight_decay(options), "growth": ("gd", lr)}
 
 
 def _heavy_ball(options: dict) -> tuple[Callable, dict]:
@@ -121,7 +121,7 @@ def _heavy_ball(options: dict) -> tuple[Callable, dict]:
         xs, state = _core.heavy_ball_step(xs, gs, state, lr=lr, beta=beta)
         return xs, state, None
 
-    return step, {"weight_decay": _weight_decay(options)}
+    return step, {"weight_decay": _weight_decay(options), "growth": ("heavy_ball", lr)}
 
 
 def _am_momentum(options: dict) -> tuple[Callable, dict]:
@@ -141,7 +141,7 @@ def _am_momentum(options: dict) -> tuple[Callable, dict]:
 
     wd = _weight_decay(options)
     run = {"is_am": True, "weight_decay": wd, "decay_in_f": config.numerator == "exact"}
-    return step, run | {"split": _Split(sums, apply)}
+    return step, run | {"split": _Split(sums, apply), "growth": ("am", lr)}
 
 
 def _adam_options(options: dict) -> tuple[float, tuple[float, float], float, float]:
