@@ -798,19 +798,55 @@ def _all_finite(values: list[float]) -> float:
 
 
 class _Reads:
-    """The device values of one point, read with everything else the step needs in one go.
+    r"""The device values of one point, read with everything else the step needs in one go.
 
     What the loop tests costs one read pass over an array where it can: the finiteness
     of an array is that of its sum (a NaN or an infinity makes the sum NaN or infinite;
     only a sum that overflows, or a genuinely non-finite array, is checked again exactly,
-    in a second transfer), and ``max|g|`` (wanted only with ``gtol > 0``) is formed from
-    ``min(g)`` and ``max(g)``.
+    in a second transfer), and ``max|g|`` (wanted with ``gtol > 0`` or for a
+    :class:`_Bound`) is formed from ``min(g)`` and ``max(g)``.
+
+    A step whose sums hold :math:`\|g\|^2` (``g_sq`` of the values of the sums, the
+    AM momentum methods) reads nothing more for the gradient: :math:`\|g\|_2` bounds
+    ``max|g|`` from above and :math:`\|g\|_2/\sqrt{n}` from below, which settles the
+    ``gtol`` test except in between, where that point's ``max|g|`` is read in a second
+    transfer and every later point's with the values (once per run).
     """
 
-    def __init__(self, xp: Any, like: Any, wd: float, decay_in_f: bool, exact_g: bool):
+    def __init__(
+        self,
+        xp: Any,
+        arrays: tuple,
+        wd: float,
+        decay_in_f: bool,
+        exact_g: bool,
+        gtol: float,
+        g_sq: Callable[[list], float] | None,
+    ):
         self.xp, self.wd, self.sq = xp, wd, wd != 0 and decay_in_f
-        self.min_max = _min_max(xp, like)
-        self.exact_g = exact_g
+        self.min_max = _min_max(xp, arrays[0])
+        self.exact_g, self.gtol = exact_g, gtol
+        n = sum(math.prod(a.shape) for a in arrays)
+        eps = max(float(xp.finfo(xp.float64 if a.dtype == xp.float64 else xp.float32).eps)
+                  for a in arrays)  # fmt: skip
+        # a dot's relative error is at most n eps; past 1e-3 the bounds are read instead
+        self.g_sq = g_sq if n * eps <= 1e-3 else None
+        self.n, self.dot_slack = max(n, 1), 1.0 + 2.0 * n * eps
+
+    def _from_dots(self, gg: float, g_c: tuple) -> tuple[float, float]:
+        """(the ``gtol`` test's value, an upper bound of ``max|g_c|``) from ``|g_c|^2``."""
+        if not math.isfinite(gg):  # non-finite, or an overflowing sum of squares
+            g = self._exact_max_abs(g_c)
+            return g, g
+        hi = math.sqrt(gg * self.dot_slack)
+        if self.gtol == 0 or hi <= self.gtol:
+            return hi, hi
+        lo = math.sqrt(gg / (self.dot_slack * self.n))
+        if lo > self.gtol:
+            return lo, hi
+        self.g_sq = None  # near gtol: read max|g| from now on
+        g = self._exact_max_abs(g_c)
+        return g, g
 
     def coupled(self, arrays: tuple, gs: tuple) -> tuple:
         wd = self.wd
@@ -859,19 +895,25 @@ class _Reads:
         and ``sums``.
 
         ``"x"`` is 0.0 when ``xs`` is finite, else NaN (``max|xs|`` with ``x_max``);
-        ``"g"`` is ``max|g_c|`` with ``exact_g``, else 0.0 when ``g_c`` is finite and
-        NaN when not. ``at`` is the point of ``f`` (default ``xs``), whose squared norm
-        is read when the method's f includes the decay.
+        ``"g"`` is ``max|g_c|`` with ``exact_g`` (or a value on the same side of
+        ``gtol``, see ``g_sq``), else 0.0 when ``g_c`` is finite and NaN when not;
+        ``"g_hi"`` an upper bound of ``max|g_c|`` (with ``exact_g``). ``at`` is the
+        point of ``f`` (default ``xs``), whose squared norm is read when the method's f
+        includes the decay.
         """
         if xs is None:
             x_parts = []
         else:
             x_parts = self._min_max(xs) if x_max else self._sums(xs)
         exact_g = self.exact_g
+        dots = self.g_sq is not None and not x_only and bool(sums)
         if x_only:
             g_parts, sq_parts, f_part = [], [], []
         else:
-            g_parts = self._min_max(g_c) if exact_g else self._sums(g_c)
+            if dots:
+                g_parts = []
+            else:
+                g_parts = self._min_max(g_c) if exact_g else self._sums(g_c)
             sq_parts = self._sq(xs if at is None else at) if self.sq else []
             f_part = [f]
         values = read(self.xp, [*x_parts, *f_part, *g_parts, *sq_parts, *sums])
@@ -886,8 +928,11 @@ class _Reads:
             x_ok = _all_finite(values[:i])
             if not math.isfinite(x_ok):  # the sum's test tripped: look at the elements
                 x_ok = _all_finite([self._exact_max_abs(xs)])
-        if exact_g:
-            g = _max_abs_of(values[j:k])
+        g_hi = math.nan
+        if dots:
+            g, g_hi = self._from_dots(self.g_sq(values[m:]), g_c)  # type: ignore[misc]
+        elif exact_g:
+            g = g_hi = _max_abs_of(values[j:k])
         else:
             g = _all_finite(values[j:k])
             if not math.isfinite(g):
@@ -896,6 +941,7 @@ class _Reads:
             "x": x_ok,
             "f": values[i] if f_part else math.nan,
             "g": g,
+            "g_hi": g_hi,
             "sq": total,
             "sums": values[m:],
         }
@@ -937,7 +983,9 @@ def _run_device(
     # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
     # when the bound no longer proves it; the bound needs max|g|
     bound = None if growth is None else _Bound(*growth, xp, layout.arrays)
-    reads = _Reads(xp, layout.arrays[0], wd, decay_in_f, gtol > 0 or bound is not None)
+    g_sq = None if split is None else split.g_sq
+    exact_g = gtol > 0 or bound is not None
+    reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, g_sq)
     xs = layout.arrays
     state = None
     betas: list[Any] = []
@@ -969,7 +1017,7 @@ def _run_device(
         got = reads.point(xs, f, g_c, prepare(xs, g_c), x_max=bound is not None)
         if bound is not None:
             bound.x = got["x"]
-        f, gnorm, sums, g_max = got["f"], gnorm_of(got["g"]), got["sums"], got["g"]
+        f, gnorm, sums, g_max = got["f"], gnorm_of(got["g"]), got["sums"], got["g_hi"]
         f_c = method_f(f, got["sq"])
         reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
@@ -995,7 +1043,7 @@ def _run_device(
                 reason = "nonfinite"
                 break
             xs, f, gs, g_c, gnorm, sums = new_xs, got["f"], g_new, g_c_new, gnorm_new, got["sums"]
-            g_max = got["g"]
+            g_max = got["g_hi"]
             f_c = method_f(f, got["sq"])
             nit += 1
             if is_am:
@@ -1036,7 +1084,7 @@ def _run_device(
             reason = "gtol"
             break
         new_xs, state, beta = take_step(xs, g_step, method_f(got["f"], got["sq"]), got["sums"])
-        sure = bound is not None and bound.step(got["g"])
+        sure = bound is not None and bound.step(got["g_hi"])
         if (
             cb is not None
             and not sure
