@@ -803,14 +803,15 @@ class _Reads:
     What the loop tests costs one read pass over an array where it can: the finiteness
     of an array is that of its sum (a NaN or an infinity makes the sum NaN or infinite;
     only a sum that overflows, or a genuinely non-finite array, is checked again exactly,
-    in a second transfer), and ``max|g|`` (wanted with ``gtol > 0`` or for a
-    :class:`_Bound`) is formed from ``min(g)`` and ``max(g)``.
-
-    A step whose sums hold :math:`\|g\|^2` (``g_sq`` of the values of the sums, the
-    AM momentum methods) reads nothing more for the gradient: :math:`\|g\|_2` bounds
+    in a second transfer). Where ``max|g|`` is wanted (``gtol > 0``, or for a
+    :class:`_Bound`), :math:`\|g\|^2` stands in for it: :math:`\|g\|_2` bounds
     ``max|g|`` from above and :math:`\|g\|_2/\sqrt{n}` from below, which settles the
     ``gtol`` test except in between, where that point's ``max|g|`` is read in a second
-    transfer and every later point's with the values (once per run).
+    transfer and every later point's with the values (formed from ``min(g)`` and
+    ``max(g)``), once per run. A step whose sums hold :math:`\|g\|^2` (``g_sq`` of
+    their values: the AM momentum methods) reads nothing more for the gradient; the
+    others read ``g @ g``, one pass over ``g``. Half precision, or a dot whose rounding
+    could reach 1e-3 (:math:`n\epsilon`), reads ``min(g)`` and ``max(g)`` instead.
     """
 
     def __init__(
@@ -829,8 +830,10 @@ class _Reads:
         n = sum(math.prod(a.shape) for a in arrays)
         eps = max(float(xp.finfo(xp.float64 if a.dtype == xp.float64 else xp.float32).eps)
                   for a in arrays)  # fmt: skip
-        # a dot's relative error is at most n eps; past 1e-3 the bounds are read instead
-        self.g_sq = g_sq if n * eps <= 1e-3 else None
+        # a dot's relative error is at most n eps; past 1e-3 max|g| is read instead
+        wide = all(a.dtype in (xp.float64, xp.float32) for a in arrays)
+        self.dots = n * eps <= 1e-3 and (g_sq is not None or wide)
+        self.g_sq = g_sq
         self.n, self.dot_slack = max(n, 1), 1.0 + 2.0 * n * eps
 
     def _from_dots(self, gg: float, g_c: tuple) -> tuple[float, float]:
@@ -844,7 +847,7 @@ class _Reads:
         lo = math.sqrt(gg / (self.dot_slack * self.n))
         if lo > self.gtol:
             return lo, hi
-        self.g_sq = None  # near gtol: read max|g| from now on
+        self.dots = False  # near gtol: read max|g| from now on
         g = self._exact_max_abs(g_c)
         return g, g
 
@@ -858,6 +861,15 @@ class _Reads:
         xp = self.xp
         return [
             xp.sum(a) if a.dtype in (xp.float64, xp.float32) else xp.sum(a, dtype=xp.float32)
+            for a in arrays
+            if math.prod(a.shape) != 0
+        ]
+
+    def _squares(self, arrays: tuple) -> list:
+        """``a @ a`` of each (flattened) array: one read of it."""
+        xp = self.xp
+        return [
+            (b := (a if a.ndim == 1 else xp.reshape(a, (-1,)))) @ b
             for a in arrays
             if math.prod(a.shape) != 0
         ]
@@ -906,12 +918,12 @@ class _Reads:
         else:
             x_parts = self._min_max(xs) if x_max else self._sums(xs)
         exact_g = self.exact_g
-        dots = self.g_sq is not None and not x_only and bool(sums)
+        dots = exact_g and self.dots and not x_only and (self.g_sq is None or bool(sums))
         if x_only:
             g_parts, sq_parts, f_part = [], [], []
         else:
             if dots:
-                g_parts = []
+                g_parts = [] if self.g_sq is not None else self._squares(g_c)
             else:
                 g_parts = self._min_max(g_c) if exact_g else self._sums(g_c)
             sq_parts = self._sq(xs if at is None else at) if self.sq else []
@@ -930,7 +942,8 @@ class _Reads:
                 x_ok = _all_finite([self._exact_max_abs(xs)])
         g_hi = math.nan
         if dots:
-            g, g_hi = self._from_dots(self.g_sq(values[m:]), g_c)  # type: ignore[misc]
+            gg = math.fsum(values[j:k]) if self.g_sq is None else self.g_sq(values[m:])
+            g, g_hi = self._from_dots(gg, g_c)
         elif exact_g:
             g = g_hi = _max_abs_of(values[j:k])
         else:
