@@ -446,12 +446,14 @@ def _exact(numerator: str, f_prev: Any) -> bool:
 def am_momentum_sums(
     params: Any, grads: Any, state: AMState, *, config: AMConfig
 ) -> tuple[Any, list[Array]]:
-    """The device half of :func:`am_momentum_step` before the rule: its sums.
+    r"""The device half of :func:`am_momentum_step` before the rule: its sums.
 
-    Returns ``(pending, sums)``: what :func:`am_momentum_apply` needs again, and the
-    0-d arrays :data:`amopt._rule.MOMENTUM_SUMS` of every scope (5 with the exact
-    numerator, else 3), in scope order. Each sum is one ``@`` of two flattened
-    arrays (a BLAS dot on the device; the operator, without the namespace's wrapper).
+    Returns ``(pending, sums)``: what :func:`am_momentum_apply` needs again, and per
+    scope, in scope order, the 0-d arrays :math:`\langle v,v\rangle`,
+    :math:`\langle g,g\rangle` and :math:`\langle v,g\rangle` (:math:`v = d - g`).
+    Each is one ``@`` of two flattened arrays (a BLAS dot on the device; the
+    operator, without the namespace's wrapper); :func:`am_momentum_apply` forms the
+    rule's :data:`amopt._rule.MOMENTUM_SUMS` from them on the host.
     """
     xs, _ = as_tuple(params)
     gs, _ = as_tuple(grads)
@@ -469,12 +471,29 @@ def am_momentum_sums(
             v = d - g
             if acc == gs[i].dtype:
                 diffs[i] = v if v.shape == gs[i].shape else xp.reshape(v, gs[i].shape)
-            part = [v @ v, g @ g, d @ d]
-            if exact:
-                part += [v @ g, v @ d]
+            # three reads of v and g: <d,d> and <v,d> follow on the host
+            part = [v @ v, g @ g, v @ g]
             cols = part if not cols else [a + b for a, b in zip(cols, part, strict=True)]
         sums += cols
     return (ds, diffs, exact), sums
+
+
+def _momentum_sums_of(read: list[float], exact: bool) -> list[float]:
+    r""":data:`amopt._rule.MOMENTUM_SUMS` from :func:`am_momentum_sums`'s values.
+
+    With :math:`d = v + g`: :math:`\langle v,d\rangle = \langle v,v\rangle +
+    \langle v,g\rangle` and :math:`\langle d,d\rangle = \langle v,v\rangle +
+    2\langle v,g\rangle + \langle g,g\rangle`, each within the rounding error that
+    a dot of its own would have (:math:`\epsilon \|v\|(\|v\| + \|g\|)`, resp. of
+    the order of :math:`\epsilon(\|d\|^2 + \|g\|^2)`, which only the rule's
+    threshold :math:`\epsilon^2(\langle d,d\rangle + \langle g,g\rangle)` reads).
+    """
+    out: list[float] = []
+    for k in range(0, len(read), 3):
+        vv, gg, vg = (float(a) for a in read[k : k + 3])
+        dd = vv + 2.0 * vg + gg
+        out += [vv, gg, dd, vg, vv + vg] if exact else [vv, gg, dd]
+    return out
 
 
 def am_momentum_apply(
@@ -499,7 +518,12 @@ def am_momentum_apply(
     ds, diffs, exact = pending
     f_decrease = state.f_prev - f if exact else None
     beta, gamma = _host_rule(
-        _rule.momentum_beta, sums, 5 if exact else 3, config, lr=lr, f_decrease=f_decrease
+        _rule.momentum_beta,
+        _momentum_sums_of(sums, exact),
+        5 if exact else 3,
+        config,
+        lr=lr,
+        f_decrease=f_decrease,
     )
     new_d: list[Array] = list(ds)
     for k, scope in enumerate(scopes(len(xs), config.per_layer)):

@@ -127,6 +127,8 @@ class _Layout:
         self.shapes = [tuple(a.shape) for a in self.arrays]
         self.devices = [array_api_compat.device(a) for a in self.arrays]
         self._fast_shape = None if self.zero_d else self.shapes[0]
+        #: copy every returned gradient; the device loop copies only the one it returns
+        self.copy_grads = True
 
     def _name(self, i: int) -> str:
         return "x0" if self.container is None else f"x0[{i}]"
@@ -223,7 +225,7 @@ class _Layout:
             )
         if a.dtype != x.dtype:
             a = xp.astype(a, x.dtype)  # e.g. an integer gradient: promote, never truncate
-        elif not copied:
+        elif not copied and self.copy_grads:
             a = a.copy() if type(a) is np.ndarray else xp.asarray(a, copy=True)
         return xp.reshape(a, (1,)) if shape == () else a
 
@@ -533,6 +535,7 @@ def _run(
     weight_decay=0.0,
     decay_in_f=False,
     split=None,
+    growth=None,
 ) -> OptimizeResult:
     """The loop shared by every method.
 
@@ -546,7 +549,8 @@ def _run(
     callback report :math:`f` and :math:`g`, the values of ``fun`` and ``jac``.
     ``default_batch``: sample ``min(DEFAULT_BATCH_SIZE, fun.n_samples)`` per batch
     when ``fun`` is a FiniteSum and ``batch_size`` is None. ``split``: the AM step
-    cut at its rule, for device arrays (:func:`_run_device`).
+    cut at its rule, for device arrays (:func:`_run_device`); ``growth``: ``(kind,
+    lr)`` of :class:`_Bound` for the methods whose steps it bounds.
     """
     maxiter = check_int("maxiter", maxiter, 0)
     gtol = check_nonnegative("gtol", gtol)
@@ -592,6 +596,9 @@ def _run(
         layout, obj, step = lazy.layout, lazy.objective, lazy.step
     elif is_device(layout.arrays):  # one host transfer per step, see amopt._lazy._device
         obj.defer = True
+        # a returned gradient is used before the next evaluation and never modified:
+        # only the result's is copied (each copy is a pass over memory on a device)
+        layout.copy_grads = False
         if sampler is not None:
             sampler = _DeviceSampler(sampler, layout.xp, layout.arrays[0], maxiter)
         return _run_device(
@@ -607,6 +614,7 @@ def _run(
             stochastic=stochastic,
             wd=weight_decay,
             decay_in_f=decay_in_f,
+            growth=growth,
         )
 
     def coupled(arrays: tuple, f: float, gs: tuple) -> tuple[float, tuple]:
@@ -719,20 +727,18 @@ def _result(layout, obj, xs, f, gs, nit, reason, betas) -> OptimizeResult:
 # --------------------------------------------------------------------------- device driver
 
 
-def _norm_inf(xp: Any, like: Any) -> Callable[[Any], Any]:
-    """``max|a|`` as a 0-d array (NaN propagates) for arrays like ``like``.
+def _min_max(xp: Any, like: Any) -> Callable[[Any], list]:
+    """``[min(a), max(a)]`` as 0-d arrays (NaN propagates) for arrays like ``like``.
 
-    On a CUDA tensor, torch's infinity norm: one pass instead of ``abs`` and ``max``
-    (the same value: both operations are exact). On the CPU torch's infinity norm is
-    about ten times slower than ``abs`` and ``max`` (measured with 1e5 float64), and
-    other libraries' norms are ``abs`` and ``max`` themselves.
+    ``max|a| = max(max(a), -min(a))``, formed on the host: two reads of ``a`` instead of
+    the three passes of ``max(abs(a))`` (``abs`` writes a temporary), and one with
+    torch's ``aminmax``.
     """
-    device = getattr(like, "device", None)
-    if array_api_compat.is_torch_array(like) and getattr(device, "type", None) == "cuda":
+    if array_api_compat.is_torch_array(like):
         import torch
 
-        return lambda a: torch.linalg.vector_norm(a, math.inf)
-    return lambda a: xp.max(xp.abs(a))
+        return lambda a: list(torch.aminmax(a))
+    return lambda a: [xp.min(a), xp.max(a)]
 
 
 def _max_of(values: list[float]) -> float:
@@ -742,20 +748,140 @@ def _max_of(values: list[float]) -> float:
     return max(values, default=0.0)
 
 
-class _Reads:
-    """The device values of one point, read with everything else the step needs in one go."""
+def _max_abs_of(pairs: list[float]) -> float:
+    """``max|a|`` from the ``[min, max]`` pairs of :func:`_min_max`; NaN if any is NaN."""
+    if any(math.isnan(v) for v in pairs):
+        return math.nan
+    return max((max(hi, -lo) for lo, hi in zip(pairs[::2], pairs[1::2], strict=True)), default=0.0)
 
-    def __init__(self, xp: Any, like: Any, wd: float, decay_in_f: bool):
+
+class _Bound:
+    r"""A host bound of ``max|x_t|`` that proves the iterates finite without reading them.
+
+    For the methods whose step is :math:`x_{t+1} = x_t - \eta d_{t+1}` with
+    :math:`|d_{t+1}|` bounded by the gradients read so far (``kind``: ``"gd"``,
+    :math:`d = g`; ``"heavy_ball"``, a convex combination of :math:`d_t` and
+    :math:`g_t`; ``"am"``, :math:`g + \gamma (d - g)` with :math:`0 \le \gamma \le 1`):
+    :math:`\max|x_{t+1}| \le \max|x_t| + \eta D_{t+1}`, each bound widened by the
+    rounding of the step's operations. While the bound stays far below the largest
+    value of the dtype, no operation of the step can overflow and the new iterate is
+    finite (its inputs are); past it, the loop reads the iterate's finiteness again.
+    """
+
+    def __init__(self, kind: str, lr: float, xp: Any, arrays: tuple):
+        self.kind, self.lr = kind, lr
+        infos = [xp.finfo(a.dtype) for a in arrays]
+        self.limit = min(float(i.max) for i in infos) / 16
+        self.slack = 1.0 + 8 * max(float(i.eps) for i in infos)
+        self.x = math.inf
+        self.d = 0.0
+        self.steps = 0
+
+    def step(self, g_max: float) -> bool:
+        """Account for one step whose gradient has ``max|g| = g_max``; True when the
+        new iterate is proven finite."""
+        if self.kind == "gd" or self.steps == 0:  # the first step sets d = g
+            d = g_max
+        elif self.kind == "heavy_ball":
+            d = max(self.d, g_max)
+        else:
+            d = 2.0 * g_max + self.d
+        self.steps += 1
+        self.d = d * self.slack
+        self.x = (self.x + self.lr * self.d) * self.slack
+        return self.x <= self.limit  # False for NaN
+
+
+def _all_finite(values: list[float]) -> float:
+    """0.0 when every value is finite, else NaN."""
+    return 0.0 if all(math.isfinite(v) for v in values) else math.nan
+
+
+class _Reads:
+    r"""The device values of one point, read with everything else the step needs in one go.
+
+    What the loop tests costs one read pass over an array where it can: the finiteness
+    of an array is that of its sum (a NaN or an infinity makes the sum NaN or infinite;
+    only a sum that overflows, or a genuinely non-finite array, is checked again exactly,
+    in a second transfer). Where ``max|g|`` is wanted (``gtol > 0``, or for a
+    :class:`_Bound`), :math:`\|g\|^2` stands in for it: :math:`\|g\|_2` bounds
+    ``max|g|`` from above and :math:`\|g\|_2/\sqrt{n}` from below, which settles the
+    ``gtol`` test except in between, where that point's ``max|g|`` is read in a second
+    transfer and every later point's with the values (formed from ``min(g)`` and
+    ``max(g)``), once per run. A step whose sums hold :math:`\|g\|^2` (``g_sq`` of
+    their values: the AM momentum methods) reads nothing more for the gradient; the
+    others read ``g @ g``, one pass over ``g``. Half precision, or a dot whose rounding
+    could reach 1e-3 (:math:`n\epsilon`), reads ``min(g)`` and ``max(g)`` instead.
+    """
+
+    def __init__(
+        self,
+        xp: Any,
+        arrays: tuple,
+        wd: float,
+        decay_in_f: bool,
+        exact_g: bool,
+        gtol: float,
+        g_sq: Callable[[list], float] | None,
+    ):
         self.xp, self.wd, self.sq = xp, wd, wd != 0 and decay_in_f
-        self.norm = _norm_inf(xp, like)
+        self.min_max = _min_max(xp, arrays[0])
+        self.exact_g, self.gtol = exact_g, gtol
+        n = sum(math.prod(a.shape) for a in arrays)
+        eps = max(float(xp.finfo(xp.float64 if a.dtype == xp.float64 else xp.float32).eps)
+                  for a in arrays)  # fmt: skip
+        # a dot's relative error is at most n eps; past 1e-3 max|g| is read instead
+        wide = all(a.dtype in (xp.float64, xp.float32) for a in arrays)
+        self.dots = n * eps <= 1e-3 and (g_sq is not None or wide)
+        self.g_sq = g_sq
+        self.n, self.dot_slack = max(n, 1), 1.0 + 2.0 * n * eps
+
+    def _from_dots(self, gg: float, g_c: tuple) -> tuple[float, float]:
+        """(the ``gtol`` test's value, an upper bound of ``max|g_c|``) from ``|g_c|^2``."""
+        if not math.isfinite(gg):  # non-finite, or an overflowing sum of squares
+            g = self._exact_max_abs(g_c)
+            return g, g
+        hi = math.sqrt(gg * self.dot_slack)
+        if self.gtol == 0 or hi <= self.gtol:
+            return hi, hi
+        lo = math.sqrt(gg / (self.dot_slack * self.n))
+        if lo > self.gtol:
+            return lo, hi
+        self.dots = False  # near gtol: read max|g| from now on
+        g = self._exact_max_abs(g_c)
+        return g, g
 
     def coupled(self, arrays: tuple, gs: tuple) -> tuple:
         wd = self.wd
         return gs if wd == 0 else tuple(g + wd * x for g, x in zip(gs, arrays, strict=True))
 
-    def _max_abs(self, arrays: tuple) -> list:
-        # empty arrays by their shape: torch's ``size`` is a method
-        return [self.norm(a) for a in arrays if math.prod(a.shape) != 0]
+    def _sums(self, arrays: tuple) -> list:
+        # empty arrays by their shape: torch's ``size`` is a method; half precision summed
+        # in float32, where a sum of finite values rarely overflows
+        xp = self.xp
+        return [
+            xp.sum(a) if a.dtype in (xp.float64, xp.float32) else xp.sum(a, dtype=xp.float32)
+            for a in arrays
+            if math.prod(a.shape) != 0
+        ]
+
+    def _squares(self, arrays: tuple) -> list:
+        """``a @ a`` of each (flattened) array: one read of it."""
+        xp = self.xp
+        return [
+            (b := (a if a.ndim == 1 else xp.reshape(a, (-1,)))) @ b
+            for a in arrays
+            if math.prod(a.shape) != 0
+        ]
+
+    def _min_max(self, arrays: tuple) -> list:
+        return [m for a in arrays if math.prod(a.shape) != 0 for m in self.min_max(a)]
+
+    def _exact_max_abs(self, arrays: tuple) -> float:
+        """``max|a|`` over ``arrays``, read in a transfer of its own."""
+        xp = self.xp
+        parts = [xp.max(xp.abs(a)) for a in arrays if math.prod(a.shape) != 0]
+        return _max_of(read(xp, parts))
 
     def _sq(self, arrays: tuple) -> list:
         """:meth:`_Layout.sq_norm`'s per-array terms, left on the device."""
@@ -775,17 +901,31 @@ class _Reads:
         sums: list,
         x_only: bool = False,
         at: tuple | None = None,
+        x_max: bool = False,
     ) -> dict:
-        """Read ``max|xs|`` (unless None), ``f``, ``max|g_c|``, ``|at|^2`` and ``sums``.
+        """Read the finiteness of ``xs`` (unless None), ``f``, ``max|g_c|``, ``|at|^2``
+        and ``sums``.
 
-        ``at`` is the point of ``f`` (default ``xs``), whose squared norm is read when
-        the method's f includes the decay.
+        ``"x"`` is 0.0 when ``xs`` is finite, else NaN (``max|xs|`` with ``x_max``);
+        ``"g"`` is ``max|g_c|`` with ``exact_g`` (or a value on the same side of
+        ``gtol``, see ``g_sq``), else 0.0 when ``g_c`` is finite and NaN when not;
+        ``"g_hi"`` an upper bound of ``max|g_c|`` (with ``exact_g``). ``at`` is the
+        point of ``f`` (default ``xs``), whose squared norm is read when the method's f
+        includes the decay.
         """
-        x_parts = [] if xs is None else self._max_abs(xs)
+        if xs is None:
+            x_parts = []
+        else:
+            x_parts = self._min_max(xs) if x_max else self._sums(xs)
+        exact_g = self.exact_g
+        dots = exact_g and self.dots and not x_only and (self.g_sq is None or bool(sums))
         if x_only:
             g_parts, sq_parts, f_part = [], [], []
         else:
-            g_parts = self._max_abs(g_c)
+            if dots:
+                g_parts = [] if self.g_sq is not None else self._squares(g_c)
+            else:
+                g_parts = self._min_max(g_c) if exact_g else self._sums(g_c)
             sq_parts = self._sq(xs if at is None else at) if self.sq else []
             f_part = [f]
         values = read(self.xp, [*x_parts, *f_part, *g_parts, *sq_parts, *sums])
@@ -794,17 +934,47 @@ class _Reads:
         total = 0.0
         for v in values[k:m]:
             total += v
+        if x_max:
+            x_ok = _max_abs_of(values[:i])
+        else:
+            x_ok = _all_finite(values[:i])
+            if not math.isfinite(x_ok):  # the sum's test tripped: look at the elements
+                x_ok = _all_finite([self._exact_max_abs(xs)])
+        g_hi = math.nan
+        if dots:
+            gg = math.fsum(values[j:k]) if self.g_sq is None else self.g_sq(values[m:])
+            g, g_hi = self._from_dots(gg, g_c)
+        elif exact_g:
+            g = g_hi = _max_abs_of(values[j:k])
+        else:
+            g = _all_finite(values[j:k])
+            if not math.isfinite(g):
+                g = _all_finite([self._exact_max_abs(g_c)])
         return {
-            "x": _max_of(values[:i]),
+            "x": x_ok,
             "f": values[i] if f_part else math.nan,
-            "g": _max_of(values[j:k]),
+            "g": g,
+            "g_hi": g_hi,
             "sq": total,
             "sums": values[m:],
         }
 
 
 def _run_device(
-    layout, obj, step, split, cb, sampler, *, maxiter, gtol, is_am, stochastic, wd, decay_in_f
+    layout,
+    obj,
+    step,
+    split,
+    cb,
+    sampler,
+    *,
+    maxiter,
+    gtol,
+    is_am,
+    stochastic,
+    wd,
+    decay_in_f,
+    growth=None,
 ) -> OptimizeResult:
     """The loop of :func:`_run` for device arrays: one host transfer per iteration.
 
@@ -823,7 +993,12 @@ def _run_device(
       read before the callback sees the iterate, one more transfer per iteration.
     """
     xp = layout.xp
-    reads = _Reads(xp, layout.arrays[0], wd, decay_in_f)
+    # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
+    # when the bound no longer proves it; the bound needs max|g|
+    bound = None if growth is None else _Bound(*growth, xp, layout.arrays)
+    g_sq = None if split is None else split.g_sq
+    exact_g = gtol > 0 or bound is not None
+    reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, g_sq)
     xs = layout.arrays
     state = None
     betas: list[Any] = []
@@ -852,8 +1027,10 @@ def _run_device(
     if sampler is None:
         f, gs = obj(xs)
         g_c = reads.coupled(xs, gs)
-        got = reads.point(xs, f, g_c, prepare(xs, g_c))
-        f, gnorm, sums = got["f"], gnorm_of(got["g"]), got["sums"]
+        got = reads.point(xs, f, g_c, prepare(xs, g_c), x_max=bound is not None)
+        if bound is not None:
+            bound.x = got["x"]
+        f, gnorm, sums, g_max = got["f"], gnorm_of(got["g"]), got["sums"], got["g_hi"]
         f_c = method_f(f, got["sq"])
         reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
@@ -866,9 +1043,11 @@ def _run_device(
                 reason = "maxiter"
                 break
             new_xs, state, beta = take_step(xs, g_c, f_c, sums)
+            sure = bound is not None and bound.step(g_max)
             f_new, g_new = obj(new_xs)
             g_c_new = reads.coupled(new_xs, g_new)
-            got = reads.point(new_xs, f_new, g_c_new, prepare(new_xs, g_c_new))
+            check = None if sure else new_xs
+            got = reads.point(check, f_new, g_c_new, prepare(new_xs, g_c_new), at=new_xs)
             if not math.isfinite(got["x"]):
                 reason = "nonfinite"
                 break
@@ -877,16 +1056,21 @@ def _run_device(
                 reason = "nonfinite"
                 break
             xs, f, gs, g_c, gnorm, sums = new_xs, got["f"], g_new, g_c_new, gnorm_new, got["sums"]
+            g_max = got["g_hi"]
             f_c = method_f(f, got["sq"])
             nit += 1
             if is_am:
                 betas.append(beta)
             if cb is not None and _call_back(cb, layout, xs, f, gs, nit, beta, is_am):
                 reason = "callback"
+        gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
         return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
 
     f, gs = math.nan, None
-    finite_x0 = math.isfinite(reads.point(xs, None, (), [], x_only=True)["x"])
+    x0_max = reads.point(xs, None, (), [], x_only=True, x_max=bound is not None)["x"]
+    finite_x0 = math.isfinite(x0_max)
+    if bound is not None:
+        bound.x = x0_max
     reason = None if finite_x0 else "nonfinite_x0"
     unchecked = None  # the iterate before the latest step, while the step's x is unread
     while reason is None:
@@ -913,10 +1097,15 @@ def _run_device(
             reason = "gtol"
             break
         new_xs, state, beta = take_step(xs, g_step, method_f(got["f"], got["sq"]), got["sums"])
-        if cb is not None and not math.isfinite(reads.point(new_xs, None, (), [], True)["x"]):
+        sure = bound is not None and bound.step(got["g_hi"])
+        if (
+            cb is not None
+            and not sure
+            and not math.isfinite(reads.point(new_xs, None, (), [], True)["x"])
+        ):
             reason = "nonfinite"
             break
-        unchecked = None if cb is not None else xs
+        unchecked = None if cb is not None or sure else xs
         xs, f = new_xs, got["f"]
         nit += 1
         if is_am:
@@ -930,7 +1119,7 @@ def _run_device(
     if obj.finite_sum:
         # The result reports the full objective at the returned iterate.
         f, gs = obj(xs)
-        f = read(xp, [f])[0]
+        f, gs = read(xp, [f])[0], layout.copy(gs)
     return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
 
 

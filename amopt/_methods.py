@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -81,16 +82,18 @@ _DOCS = {
 
 
 class _Split(NamedTuple):
-    """An AM step cut at the rule, for device arrays (see :mod:`amopt._lazy._device`).
+    r"""An AM step cut at the rule, for device arrays (see :mod:`amopt._lazy._device`).
 
     ``sums(xs, gs, state) -> (state, pending, sums)`` queues the reduce on the device
     (``state`` None: the initial state); ``apply(xs, gs, f, state, pending, values)
     -> (xs, state, beta)`` runs the rule on the host ``values`` of ``sums`` and queues
-    the update.
+    the update. ``g_sq(values)``, where given, is :math:`\|g\|^2` over all arrays from
+    those values (the loop then reads nothing else for the gradient).
     """
 
     sums: Callable
     apply: Callable
+    g_sq: Callable | None = None
 
 
 # A step factory takes the method's options (given or default) and returns the core
@@ -109,7 +112,7 @@ def _gd(options: dict) -> tuple[Callable, dict]:
     def step(xs, gs, f, state):
         return _core.gd_step(xs, gs, lr=lr), None, None
 
-    return step, {"weight_decay": _weight_decay(options)}
+    return step, {"weight_decay": _weight_decay(options), "growth": ("gd", lr)}
 
 
 def _heavy_ball(options: dict) -> tuple[Callable, dict]:
@@ -121,7 +124,7 @@ def _heavy_ball(options: dict) -> tuple[Callable, dict]:
         xs, state = _core.heavy_ball_step(xs, gs, state, lr=lr, beta=beta)
         return xs, state, None
 
-    return step, {"weight_decay": _weight_decay(options)}
+    return step, {"weight_decay": _weight_decay(options), "growth": ("heavy_ball", lr)}
 
 
 def _am_momentum(options: dict) -> tuple[Callable, dict]:
@@ -141,7 +144,12 @@ def _am_momentum(options: dict) -> tuple[Callable, dict]:
 
     wd = _weight_decay(options)
     run = {"is_am": True, "weight_decay": wd, "decay_in_f": config.numerator == "exact"}
-    return step, run | {"split": _Split(sums, apply)}
+
+    def g_sq(values):
+        # the sums are <v,v>, <g,g>, <v,g> per scope (amopt._core.am_momentum_sums)
+        return math.fsum(values[1::3])
+
+    return step, run | {"split": _Split(sums, apply, g_sq), "growth": ("am", lr)}
 
 
 def _adam_options(options: dict) -> tuple[float, tuple[float, float], float, float]:

@@ -187,6 +187,8 @@ def test_standin_rows_carry_the_targets():
         "foreach-ops-1480": 1.0,
         "minimize-syncs": 1.0,
         "minimize-ops": 1.0,
+        "minimize-bytes-mgd": 1.1,
+        "minimize-bytes-am-mgd": 1.3,
     }
     cli = {r.key: r.target for r in _cli.ROWS}
     # the fused per-layer target is the step over its own memory-traffic floor
@@ -245,6 +247,14 @@ def test_minimize_rows_arithmetic(monkeypatch):
     assert m.a == m.ratio == 4.0 and "worst: am-sgd (batch)" in m.note
     m = _row(_standins.ROWS, "minimize-ops").measure(Settings(quick=True))
     assert (m.a, m.b, m.ratio) == (40.0, 20.0, pytest.approx(40 / 32))
+
+
+def test_minimize_bytes_rows_are_measured_against_the_hand_loop():
+    m = _row(_standins.ROWS, "minimize-bytes-mgd").measure(Settings(quick=True))
+    # the hand loop: h*x, hx*x, sum, beta*d, (1-beta)*g, +, lr*d, x - : 19 array passes
+    assert m.b == pytest.approx(19.0, abs=1e-3)
+    assert m.ratio == pytest.approx(m.a / m.b) and m.ratio <= 1.1
+    assert "full-size ops per iteration" in m.note
 
 
 def test_host_time_row_is_over_the_budget(monkeypatch):

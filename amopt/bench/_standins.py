@@ -10,7 +10,12 @@
   other operation is a kernel launch, a view none);
 * ``minimize-syncs`` / ``minimize-ops``: host synchronisations per iteration of
   ``amopt.minimize`` on torch tensors, the worst method against 1, and am-mgd's aten
-  operations per iteration against mgd's + 12.
+  operations per iteration against mgd's + 12;
+* ``minimize-bytes-*``: the bytes that the aten operations of an iteration of
+  ``minimize(method="mgd" / "am-mgd")`` read and write (:class:`Traffic`), on a
+  float64 torch quadratic, against those of the hand-written heavy-ball loop of the
+  ``gpu-quad-*`` rows (:class:`amopt.bench._gpu.HandHeavyBall`) on the same tensors:
+  on a large array a GPU iteration costs its memory traffic.
 
 A count or a budget is the baseline of these rows; their metric says how the ratio
 is formed.
@@ -20,12 +25,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 from amopt.bench import _host, cases
 from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import Paired, interleave, timed_rounds
 
-__all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "layout"]
+__all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "Traffic", "layout", "minimize_traffic"]
 
 #: the driver's host time per step allowed at the GPT-2-small layout, ms
 HOST_BUDGET_MS = 0.5
@@ -168,6 +174,134 @@ def _minimize_ops(method_a: str, method_b: str, slack: int) -> Callable[[Setting
     return measure
 
 
+class Traffic:
+    """Bytes moved and full-size operations of the aten operations run while entered.
+
+    Every operation dispatched counts in ``ops``; one that is not a view adds the
+    sizes of its tensor inputs and outputs to ``bytes`` (0-d tensors aside: on a GPU
+    they are kernel arguments, not traffic) and, when one of them holds at least
+    ``full`` elements, counts in ``full_ops``. A tensor given twice to one operation
+    (``v @ v``) counts once: it is read once.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.ones(1000, dtype=torch.float64)
+    >>> with Traffic(full=1000) as t:
+    ...     y = 2.0 * x
+    >>> t.bytes, t.full_ops
+    (16000, 1)
+    """
+
+    def __init__(self, full: int) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                out = func(*args, **(kwargs or {}))
+                counter._count(func, args, kwargs or {}, out)
+                return out
+
+        self.full = full
+        self.ops = self.full_ops = self.bytes = 0
+        self._mode = _Mode()
+
+    def _count(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        self.ops += 1
+        if func._schema.is_mutable is False and func.is_view:
+            return
+        seen: set[int] = set()
+        big = False
+        for t in tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor) and t.ndim > 0 and id(t) not in seen:
+                seen.add(id(t))
+                self.bytes += t.numel() * t.element_size()
+                big = big or t.numel() >= self.full
+        self.full_ops += big
+
+    def __enter__(self) -> Traffic:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+
+def _hand_heavy_ball(value_and_grad: Callable, x0: Any, lr: float, beta: float, k: int) -> Any:
+    """:meth:`amopt.bench._gpu.HandHeavyBall.run` on torch tensors: the same operations."""
+    import math
+
+    x, d = x0.clone(), None
+    for _ in range(k):
+        f, g = value_and_grad(x)
+        if not math.isfinite(float(f)):
+            break
+        d = g if d is None else beta * d + (1.0 - beta) * g
+        x = x - lr * d
+    value_and_grad(x)  # the objective at the last iterate, which minimize evaluates
+    return x
+
+
+def minimize_traffic(
+    method: str | None, n: int, iterations: tuple[int, int] = (4, 12), **options: Any
+) -> dict[str, float]:
+    """Per iteration: bytes, full-size operations and all operations of a run.
+
+    ``method`` None runs the hand-written heavy-ball loop of the ``gpu-quad-*`` rows
+    (the operations of :class:`amopt.bench._gpu.HandHeavyBall`), else
+    ``amopt.minimize(method=...)`` with ``lr=1`` and ``options``, on the float64 torch quadratic of
+    :func:`amopt.bench._host.minimize_counts` (dimension ``n``, ``x0`` ones). The
+    figures are the differences between the runs of the two iteration counts over
+    their difference (the start and the end of a run cancel). ``bytes`` is divided
+    by ``8 n``: in passes over one array.
+    """
+    import amopt
+
+    fun, x0 = _host._quadratic(n)
+    runs = []
+    for k in iterations:
+        with Traffic(full=n) as t:
+            if method is None:
+                _hand_heavy_ball(fun, x0, 1.0, 0.9, k)
+            else:
+                opts = {"lr": 1.0, **options, "maxiter": k}
+                res = amopt.minimize(fun, x0, jac=True, method=method, options=opts)
+                if int(res.nit) != k:
+                    raise RuntimeError(f"minimize({method!r}) stopped after {res.nit} of {k}")
+        runs.append(t)
+    a, b = runs
+    steps = iterations[1] - iterations[0]
+    return {
+        "bytes": (b.bytes - a.bytes) / steps / (8 * n),
+        "full_ops": (b.full_ops - a.full_ops) / steps,
+        "ops": (b.ops - a.ops) / steps,
+    }
+
+
+def _minimize_bytes(method: str) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        n = 10_000 if s.quick else 1_000_000
+        a = minimize_traffic(method, n)
+        b = minimize_traffic(None, n)
+        return Measured(
+            a=a["bytes"],
+            b=b["bytes"],
+            ratio=a["bytes"] / b["bytes"],
+            unit="passes/it",
+            note=f"float64 torch CPU tensors, quadratic of dimension {n:,}, gtol 1e-5 (the "
+            f"default); bytes read and written per iteration in passes over one array (8 n "
+            f"bytes); full-size ops per iteration {a['full_ops']:g} vs {b['full_ops']:g}, "
+            f"all ops {a['ops']:g} vs {b['ops']:g}",
+        )
+
+    return measure
+
+
 ROWS: tuple[Row, ...] = (
     Row(
         "triton-host-adamw",
@@ -239,6 +373,24 @@ ROWS: tuple[Row, ...] = (
         "mgd",
         1.0,
         _minimize_ops("am-mgd", "mgd", 12),
+    ),
+    Row(
+        "minimize-bytes-mgd",
+        "bytes per iteration of minimize(method='mgd') / of the hand-written heavy-ball loop "
+        "reading f once per iteration, float64 torch quadratic",
+        "minimize mgd",
+        "hand loop",
+        1.1,
+        _minimize_bytes("mgd"),
+    ),
+    Row(
+        "minimize-bytes-am-mgd",
+        "bytes per iteration of minimize(method='am-mgd') / of the hand-written heavy-ball "
+        "loop reading f once per iteration, float64 torch quadratic",
+        "minimize am-mgd",
+        "hand loop",
+        1.3,
+        _minimize_bytes("am-mgd"),
     ),
 )
 

@@ -179,6 +179,8 @@ class _RowSum(FiniteSumProblem):
         if lib == "torch":
             import torch
 
+            if indices.device == x.device and indices.dtype == torch.int64:
+                return indices  # the sampler's: nothing to convert, no operation per batch
             return indices.to(device=x.device, dtype=torch.int64)
         if indices.device != x.device:
             with x.device:
@@ -369,6 +371,11 @@ class _Design:
         ix = xp.asarray(idx, device=_device(x)) if isinstance(idx, np.ndarray) else idx
         if isinstance(X, DeviceCSR):
             return X.rows(ix), _take_rows(X.lib, targets, ix)
+        lib = device_library(x)
+        if lib == "torch":
+            # torch's own gather: the array-API ``take`` first maps negative indices, two
+            # more operations per array (the indices here lie in [0, n_samples))
+            return _take_rows(lib, X, ix), _take_rows(lib, targets, ix)
         return xp.take(X, ix, axis=0), xp.take(targets, ix, axis=0)
 
     # ---- spectral quantities (host, float64)

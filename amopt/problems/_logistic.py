@@ -6,6 +6,7 @@ import math
 import os
 from typing import Any, Literal
 
+import array_api_compat
 import numpy as np
 import scipy.sparse as sp
 import scipy.special
@@ -244,14 +245,28 @@ class LogisticRegression(_SolvedNumerically, _RowSum):
         return max(self.f_star - zero_rows * math.log(self.n_classes) / self.n_samples, 0.0)
 
     # ------------------------------------------------------------------ evaluation
+    def _zero(self, like: Any, xp: Any) -> Any:
+        """A 0-d zero like ``like``: a Python float for NumPy, else one array made once
+        per device and dtype (a float would be copied to the device at every call)."""
+        if isinstance(like, np.ndarray) or array_api_compat.is_dask_array(like):
+            return 0.0
+        cache = self.__dict__.setdefault("_zeros", {})
+        key = (xp.__name__, str(getattr(like, "device", None)), str(like.dtype))
+        zero = cache.get(key)
+        if zero is None:
+            zero = cache[key] = xp.zeros((), dtype=like.dtype, device=like.device)
+        return zero
+
     def _eval(self, x: Any, xp: Any, X: Any, t: Any, m: int, XT: Any = None):
         data = self._data
         if self.kind == "binary":
-            margin = t * data.matvec(X, x)
-            loss = xp.logaddexp(xp.zeros_like(margin), -margin)
+            neg_margin = -(t * data.matvec(X, x))
+            loss = xp.logaddexp(self._zero(neg_margin, xp), neg_margin)
             f = xp.sum(loss) / m
-            s = -t * xp.exp(-margin - loss)  # -b * sigmoid(-margin), stable both ways
-            g = data.rmatvec(X, s, xp, XT) / m
+            # b * sigmoid(-margin), stable both ways; the gradient X^T (-b sigmoid(-margin)) / m
+            # with its sign in the divisor (the same values: negation is exact)
+            s = t * xp.exp(neg_margin - loss)
+            g = data.rmatvec(X, s, xp, XT) / (-m)
         else:
             W = xp.reshape(x, (self.n_features, self.n_classes))
             Z = data.matvec(X, W)
