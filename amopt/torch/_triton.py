@@ -515,17 +515,21 @@ def _segment_sum(
     KP: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    # rows [seg[s], seg[s+1]) of the partial sums, added in a fixed order
+    # rows [seg[s], seg[s+1]) of the partial sums, added in a fixed order; a while loop, as
+    # a loop bound held in a tensor is not one to every interpreter (Triton 3.6's keeps
+    # scalars as one-element arrays, which recent NumPy will not turn into an index)
     s = tl.program_id(0)
     lo = tl.load(seg_ptr + s)
     hi = tl.load(seg_ptr + s + 1)
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, KP)
     acc = tl.full([ROWS, KP], 0.0, ACC)
-    for r in range(lo, hi, ROWS):
+    r = lo
+    while r < hi:
         rr = r + rows
         m = (rr < hi)[:, None] & (cols < K)[None, :]
         acc += tl.load(part_ptr + rr[:, None] * K + cols[None, :], mask=m, other=0.0)
+        r += ROWS
     tl.store(out_ptr + s * K + cols, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cols < K)
 
 
