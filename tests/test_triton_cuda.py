@@ -181,3 +181,54 @@ def test_host_time_report():
                 f"  step {total[10] * 1e3:7.3f} ms"
             )
     print("\n" + "\n".join(rows))
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_reallocated_gradients_copy_their_addresses_asynchronously(cls, kw, monkeypatch):
+    """Gradients at new addresses every step (``zero_grad()``): the plan is kept, its
+    address tables reach the device by non-blocking copies from page-locked memory, and
+    nothing is read back to the host; the iterates match the single-tensor path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from amopt.torch import _triton as tri
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.uploads, self.reads = [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten.copy_.default:
+                dst, src = args[0], args[1]
+                if dst.is_cuda and not src.is_cuda:
+                    blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking"))
+                    self.uploads.append((src.is_pinned(), blocking))
+            if func is torch.ops.aten._local_scalar_dense.default:
+                self.reads.append(str(func))
+            return func(*args, **kwargs)
+
+    a, b, opt, ref = _pair(cls, kw)
+    kept = []
+    for t in range(5):
+        grads = _grads(a, t)
+        for ps in (a, b):
+            for p, g in zip(ps, grads, strict=True):
+                p.grad = g.clone()
+        kept.append([p.grad for p in a])
+        if t >= 2:
+            build_plan = tri.build_plan
+            monkeypatch.setattr(tri, "build_plan", None)  # a rebuild would fail
+            with Copies() as copies:
+                opt.step()
+            monkeypatch.setattr(tri, "build_plan", build_plan)
+            assert copies.uploads, "the new addresses reached the device"
+            assert all(pinned and not blocking for pinned, blocking in copies.uploads), (
+                copies.uploads
+            )
+            assert copies.reads == []
+        else:
+            opt.step()
+        ref.step()
+    for p, q in zip(a, b, strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)

@@ -212,6 +212,76 @@ def test_host_work_of_a_planned_step_does_not_grow_with_the_tensors(cls, kw, mon
     assert not any("pin_memory" in op for op in small.ops), small.ops
 
 
+def _fresh_grads_step(cls, kw, n, monkeypatch):
+    """Operations of one planned step whose gradients are new tensors at new addresses
+    (``zero_grad()`` then backward), the old ones kept alive so that no address repeats."""
+    _stub_kernels(monkeypatch)
+    params = _params(n)
+    opt = cls(params, **kw)
+    kept = []
+    for t in range(2):
+        _set_grads(params, _grads(params, t))
+        kept.append([p.grad for p in params])
+        opt.step()
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the plan was built again for gradients at new addresses")
+
+    _set_grads(params, _grads(params, 2))
+    build_plan = tri.build_plan
+    monkeypatch.setattr(tri, "build_plan", no_rebuild)
+    with _Ops() as ops:
+        opt.step()
+    monkeypatch.setattr(tri, "build_plan", build_plan)
+    plan = opt._am_plans[id(opt.param_groups[0])]
+    for launch in plan.plan.launches:  # the grads column holds this step's addresses
+        want = [params[i].grad.data_ptr() for i in launch.members]
+        assert launch.table[:, 1].tolist() == want
+        assert launch.table[:, 0].tolist() == [params[i].data_ptr() for i in launch.members]
+    return ops
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_new_gradients_rewrite_only_their_addresses(cls, kw, monkeypatch):
+    """Gradients reallocated at every step: the plan stays (no rebuild), the address
+    column is rewritten with the same few operations at 12 and 120 tensors, and nothing
+    is read back from a tensor to the host."""
+    small = _fresh_grads_step(cls, kw, 12, monkeypatch)
+    large = _fresh_grads_step(cls, kw, 120, monkeypatch)
+    assert small.ops == large.ops
+    _, steady = _planned_step(cls, kw, 12, monkeypatch)
+    extra = list(small.ops)
+    for op in steady.ops:
+        extra.remove(op)
+    # the addresses as a tensor, then per launch (one dtype here) the gather of its
+    # members' addresses, the column written and the table copied
+    assert len(extra) <= 5, extra
+    assert not any("pin_memory" in op for op in small.ops)  # the CPU tables take no staging
+    host_reads = {"aten._local_scalar_dense.default", "aten.item.default"}
+    assert not host_reads & set(small.ops)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_steps_with_reallocated_gradients_match_the_single_tensor_path(cls, kw):
+    """Every step's gradients at new addresses (two float dtypes, two launches): the
+    kernels read them through the rewritten tables and give the single-tensor iterates."""
+    params = _params(5, dtypes=(torch.float64, torch.float32))
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref = cls(params, **kw), cls(ref_params, **kw, foreach=False)
+    kept = []
+    for t in range(4):
+        grads = _grads(params, t)
+        _set_grads(params, grads)
+        kept.append([p.grad for p in params])
+        _set_grads(ref_params, grads)
+        opt.step()
+        ref.step()
+        for p, q in zip(params, ref_params, strict=True):
+            tol = 1e-8 if p.dtype == torch.float64 else 1e-5
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol)
+    assert opt.__dict__.get("_am_plans")
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 

@@ -56,6 +56,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -584,6 +585,8 @@ class _Launch:
     n_tail: int
     table: Tensor | None = None  # int64 (n, columns): addresses, numel, scope, tensor index
     aligned: bool = True
+    host: Tensor | None = None  # the table on the host, from which it is (re)written
+    index: Tensor | None = None  # int64: ``members`` as a tensor
 
 
 @dataclasses.dataclass
@@ -733,11 +736,14 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
             for row, i in zip(ptrs, launch.members, strict=True)
         ]
         aligned = all(ptr % 16 == 0 for row in ptrs for ptr in row)
+        host = torch.tensor(table, dtype=torch.int64)
         launches.append(
             dataclasses.replace(
                 launch,
-                table=_to(torch.tensor(table, dtype=torch.int64), device),
+                table=_to(host, device) if device.type != "cpu" else host.clone(),
                 aligned=aligned,
+                host=host,
+                index=torch.tensor(launch.members, dtype=torch.int64),
             )
         )
     rows: list[list[int]] = [[] for _ in layout.arrays]
@@ -781,6 +787,38 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
         out_dtypes=out_dtypes,
         grids=grids,
     )
+
+
+def rebind(plan: Plan, column: int, ptrs: Sequence[int]) -> bool:
+    """Point column ``column`` of the plan's address tables at ``ptrs`` (per tensor), in place.
+
+    For tensors of the same shapes and dtypes at new addresses (gradients that autograd
+    allocated anew, as after ``zero_grad()``): one host tensor of the addresses, one
+    gather and one copy per launch (per dtype) into the host table, and one
+    asynchronous copy of it to the device from page-locked memory, behind the kernels
+    of the previous step on the stream; no synchronisation, no per-tensor work but
+    reading the addresses. The page-locked buffer comes from torch's caching host
+    allocator, which does not hand it out again before the copy from it has run.
+    Returns ``False`` (nothing changed) where an address is not 16-byte aligned in a
+    plan built for aligned tensors: the plan must then be built again.
+    """
+    found = np.fromiter(ptrs, dtype=np.int64, count=len(ptrs))
+    if (found & 15).any() and any(launch.aligned for launch in plan.launches):
+        return False
+    addresses = torch.from_numpy(found)
+    for launch in plan.launches:
+        host, table = launch.host, launch.table
+        if host is None or table is None or launch.index is None:
+            return False
+        host[:, column] = addresses.index_select(0, launch.index)
+        if plan.device.type == "cpu":
+            table.copy_(host)
+            continue
+        staged = host.pin_memory()
+        if torch.cuda.is_current_stream_capturing():  # replayed from this memory
+            _PINNED.append(staged)
+        table.copy_(staged, non_blocking=True)
+    return True
 
 
 def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
@@ -1400,18 +1438,19 @@ class GroupPlan:
             if p.grad is not None:
                 return None
         if not all(map(operator.is_, grads, self.grads_seen)):
-            try:
-                ptrs = [g.data_ptr() for g in grads]
-                if not all(g.is_contiguous() and g.layout == torch.strided for g in grads):
+            try:  # data_ptr raises for None and for sparse layouts (no storage)
+                ptrs = list(map(Tensor.data_ptr, grads))
+                if not all(map(Tensor.is_contiguous, grads)):
                     return None
-            except (AttributeError, RuntimeError):  # None, or a layout without storage
+            except (AttributeError, RuntimeError, TypeError):
                 return None
             if ptrs != self.grad_ptrs:
                 # gradients allocated elsewhere (autograd gives them the parameters' shape
-                # and dtype): new address tables, the rest of the plan stays
-                self.plan = build_plan(
-                    [self.params, grads, *self.tensors], self.plan.per_layer, self.plan.wide
-                )
+                # and dtype): their column of the address tables is rewritten in place
+                if not rebind(self.plan, 1, ptrs):
+                    self.plan = build_plan(
+                        [self.params, grads, *self.tensors], self.plan.per_layer, self.plan.wide
+                    )
                 self.grad_ptrs = ptrs
             self.grads_seen = grads
         return grads
