@@ -908,9 +908,35 @@ def _scaler_tensor(name: str, value: Tensor | None, device: torch.device) -> Ten
     return value.reshape(())
 
 
+def _upload(t: Tensor, device: torch.device) -> Tensor:
+    """A small host tensor made at a step, on ``device`` without a synchronisation.
+
+    A copy from pageable memory makes the host wait for the stream; this one is staged
+    in page-locked memory from torch's caching host allocator (not handed out again
+    before the copy has run) and copied asynchronously.
+    """
+    if device.type != "cuda":
+        return t.to(device)
+    staged = t.pin_memory()
+    if torch.cuda.is_current_stream_capturing():  # replayed from this memory
+        _PINNED.append(staged)
+    return staged.to(device, non_blocking=True)
+
+
 def _stacked_steps(state_steps: Sequence[Tensor], device: torch.device) -> Tensor:
-    """The step counters (before this step) as one float64 tensor on ``device``."""
-    return torch.stack([s.detach().reshape(()).to(device) for s in state_steps]).to(torch.float64)
+    """The step counters (before this step) as one float64 tensor on ``device``.
+
+    Host counters (as the optimizers keep them without ``capturable``) are stacked on
+    the host and uploaded in one asynchronous copy (:func:`_upload`), not one blocking
+    copy per counter.
+    """
+    flat = [s.detach().reshape(()) for s in state_steps]
+    devices = {s.device for s in flat}
+    if devices == {device}:
+        return torch.stack(flat).to(torch.float64)
+    if len(devices) == 1:
+        return _upload(torch.stack(flat).to(torch.float64), device)
+    return torch.stack([s.to(device) for s in flat]).to(torch.float64)
 
 
 def _count_step(state_steps: Sequence[Tensor], found_inf: Tensor | None) -> None:
@@ -1136,7 +1162,7 @@ def triton_amsgd(
                 momentum_buffer_list[i] = torch.zeros_like(params[i])
         fresh = _stacked_steps(state_steps, device) == 0
         if any(new):
-            fresh = fresh | torch.tensor(new).to(device)
+            fresh = fresh | _upload(torch.tensor(new), device)
         fresh = fresh.to(torch.float64)
         bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
         plan = _plan([params, grads, bufs], h.config.per_layer, wide=True)
