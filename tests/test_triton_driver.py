@@ -325,6 +325,50 @@ def test_compiled_step_is_one_node_fullgraph_without_recompiles(cls, kw):
     assert any(name in t for t in targets), targets
 
 
+def _compiled_graph(cls, kw, n):
+    """The call nodes of a compiled step over ``n`` tensors (the graph dynamo hands its
+    backend), and dynamo's counters, after three steps with new gradients."""
+    params = _params(n)
+    lr = torch.tensor(kw["lr"], dtype=torch.float64)
+    opt = cls(params, **{**kw, "lr": lr})
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    step = torch.compile(opt.step, fullgraph=True, backend=backend)
+    for t in range(3):
+        _set_grads(params, _grads(params, t))
+        step()
+    calls = [
+        str(node.target)
+        for gm in graphs
+        for node in gm.graph.nodes
+        if node.op in ("call_function", "call_method", "call_module")
+    ]
+    return calls, dict(counters["stats"]), dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_compiled_graph_does_not_grow_with_the_tensors(cls, kw, monkeypatch):
+    """8 or 80 tensors: the same operations in the compiled step's graph (the tensors are
+    its inputs, the per-parameter betas and products are stored inside the operator),
+    one graph, no recompile, no graph break."""
+    _stub_kernels(monkeypatch)
+    small, small_stats, small_breaks = _compiled_graph(cls, kw, 8)
+    large, large_stats, large_breaks = _compiled_graph(cls, kw, 80)
+    assert small == large, (len(small), len(large))
+    for stats, breaks in ((small_stats, small_breaks), (large_stats, large_breaks)):
+        assert stats["unique_graphs"] == 1, stats
+        assert not breaks, breaks
+    assert len(small) <= 16, small
+
+
 def test_the_triton_operators_pass_opcheck():
     from amopt.torch import _fused_ops
 
@@ -362,6 +406,21 @@ def test_the_triton_operators_pass_opcheck():
         None,
     )
     torch.library.opcheck(_fused_ops._triton_amsgd_op, sgd_args)
+    layers_adam = (
+        *adam_args[:6],
+        [torch.zeros((), dtype=torch.float64) for _ in params],
+        *adam_args[6:11],
+        adam_args[11],
+        adam_args[13],
+    )
+    torch.library.opcheck(_fused_ops._triton_am_adamw_layers_op, layers_adam)
+    layers_sgd = (
+        *sgd_args[:4],
+        [torch.zeros((), dtype=torch.float64) for _ in params],
+        *sgd_args[4:9],
+        sgd_args[10],
+    )
+    torch.library.opcheck(_fused_ops._triton_amsgd_layers_op, layers_sgd)
 
 
 # --------------------------------------------------------------------------- layering

@@ -410,6 +410,24 @@ class AMSGD(AMOptimizerBase):
 
             path = self._path(group, params, grads)
             process_group = _distributed.scope_group(self, group, grads)
+            if (
+                path == "triton"
+                and torch.compiler.is_compiling()
+                and all(b is not None for b in momentum_buffer_list)
+                and _fused_ops.layers_op_applies(group, params, process_group)
+            ):  # one graph node, which stores the betas itself
+                h = SGDHyper(
+                    _hyper_lr(group["lr"], path),
+                    group["weight_decay"],
+                    group["maximize"],
+                    _config(group, beta_max),
+                )
+                bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
+                t = SGDTensors(params, grads, bufs, state_steps)
+                betas_state = [self.state[p]["beta"] for p in params]
+                amp = Scaler(grad_scale, found_inf)
+                _fused_ops.triton_amsgd_layers_traced(t, h, amp, betas_state)
+                continue
             betas = amsgd(
                 params,
                 grads,
