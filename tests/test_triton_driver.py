@@ -282,6 +282,38 @@ def test_steps_with_reallocated_gradients_match_the_single_tensor_path(cls, kw):
     assert opt.__dict__.get("_am_plans")
 
 
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_functional_step_rewrites_the_addresses_of_new_gradients(per_layer, monkeypatch):
+    """The unplanned driver (compiled and sharded steps): gradients at new addresses,
+    the rest where it was, take the cached plan with its gradient column rewritten."""
+    from amopt._config import AMConfig
+    from amopt.torch._records import AdamHyper, AdamTensors
+
+    _stub_kernels(monkeypatch)
+    params = [p.detach() for p in _params(6, dtypes=(torch.float64, torch.float32))]
+    state = (
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros(()) for _ in params],
+        [torch.ones((), dtype=torch.float64) for _ in params],
+    )
+    config = AMConfig(beta_max=0.9, per_layer=per_layer)
+    h = AdamHyper(1e-3, 0.999, 1e-8, 0.0, "decoupled", False, config)
+    kept = [_grads(params, 0)]
+    tri.triton_am_adamw(AdamTensors(params, kept[0], *state), h)
+    build_plan = tri.build_plan
+    monkeypatch.setattr(tri, "build_plan", None)  # a new plan would fail
+    for t in (1, 2):
+        kept.append(_grads(params, t))  # the older gradients stay alive: new addresses
+        tri.triton_am_adamw(AdamTensors(params, kept[-1], *state), h)
+        plan = next(reversed(tri._PLANS.values()))
+        for launch in plan.launches:
+            assert launch.table[:, 1].tolist() == [kept[-1][i].data_ptr() for i in launch.members]
+            assert launch.table[:, 0].tolist() == [params[i].data_ptr() for i in launch.members]
+    assert [float(s) for s in state[2]] == [3.0] * len(params)
+    monkeypatch.setattr(tri, "build_plan", build_plan)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 

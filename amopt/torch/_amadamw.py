@@ -72,7 +72,7 @@ def _config(group: dict[str, Any]) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value)."""
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     beta1 = as_float(group["betas"][0])
-    return AMConfig.cached(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
+    return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
 def _plan_flags(group: dict[str, Any]) -> tuple:

@@ -68,7 +68,7 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value)."""
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     cap = group["beta_max"] if beta_max is None else beta_max
-    return AMConfig.cached(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
+    return rule_config(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
 
 
 def _plan_flags(group: dict[str, Any]) -> tuple:

@@ -646,14 +646,11 @@ _PINNED: list[Tensor] = []
 
 
 def _to(t: Tensor, device: torch.device) -> Tensor:
-    """A host-built table on ``device`` (when a plan is built, never per step)."""
+    """A host-built table on ``device`` (when a plan is built, never per step), copied
+    asynchronously from page-locked memory (:func:`_upload`)."""
     if device.type == "cpu":
         return t
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        pinned = t.pin_memory()
-        _PINNED.append(pinned)
-        return pinned.to(device, non_blocking=True)
-    return t.to(device)
+    return _upload(t, device)
 
 
 def _layout(
@@ -821,20 +818,42 @@ def rebind(plan: Plan, column: int, ptrs: Sequence[int]) -> bool:
     return True
 
 
+#: Plans by everything but the gradients' addresses: (key in ``_PLANS``, plan).
+_BY_STATE: dict[tuple, tuple[tuple, Plan]] = {}
+
+
 def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
-    """:func:`build_plan`, cached by the tensors' addresses, sizes and dtypes."""
+    """:func:`build_plan`, cached by the tensors' addresses, sizes and dtypes.
+
+    A step whose gradients (``columns[1]``) are new tensors at new addresses, the other
+    tensors where they were (``zero_grad()``, or sharded gradients reduced anew at every
+    step), takes the plan of the previous step with its gradient addresses rewritten
+    (:func:`rebind`) rather than a new one.
+    """
     params = columns[0]
-    key = (
+    shape = (
         params[0].device,
         per_layer,
         wide,
         CHUNK,
         tuple((p.dtype, p.numel()) for p in params),
-        tuple(t.data_ptr() for col in columns for t in col),
     )
+    ptrs = [tuple(map(Tensor.data_ptr, col)) for col in columns]
+    key = (*shape, tuple(ptr for col in ptrs for ptr in col))
     plan = _PLANS.get(key)
-    if plan is None:
-        plan = _remember(_PLANS, key, build_plan(columns, per_layer, wide))
+    if plan is not None:
+        return plan
+    rest = (*shape, ptrs[0], *ptrs[2:])
+    known = _BY_STATE.get(rest)
+    if known is not None and len(columns) > 1:
+        old_key, plan = known
+        if _PLANS.get(old_key) is plan and rebind(plan, 1, ptrs[1]):
+            del _PLANS[old_key]
+            _PLANS[key] = plan
+            _BY_STATE[rest] = (key, plan)
+            return plan
+    plan = _remember(_PLANS, key, build_plan(columns, per_layer, wide))
+    _remember(_BY_STATE, rest, (key, plan))
     return plan
 
 
