@@ -27,13 +27,20 @@ dtype, as in ``torch.optim.AdamW(fused=True)``.
 
 No device value is read on the host: the rule runs on the device, and the
 address tables and block maps are built from the tensors' metadata once, into a
-:class:`Plan` (cached by the tensors' addresses for the functional drivers). The
+:class:`Plan` (cached by the tensors' addresses for the functional drivers; a step
+whose gradients alone moved rewrites their addresses in the cached plan). The
 optimizers keep one :class:`GroupPlan` per param group: their per-parameter ``step``,
 ``beta`` and ``beta1_prod`` entries become views of group-level device tensors
 (:class:`GroupState`), so that a step is a fixed number of launches and small
-device operations whatever the number of tensors, and no host-to-device copy.
+device operations whatever the number of tensors, and no host-to-device copy
+(gradients reallocated by ``zero_grad()`` cost a comparison of their addresses and,
+where they moved, one asynchronous copy of the rewritten address tables). Host data
+a step needs on the device (address tables when a plan is built, host step
+counters) is copied from page-locked memory without blocking.
 Under ``torch.compile`` the drivers run inside the custom operators of
-``amopt.torch._fused_ops`` (one node of the graph).
+``amopt.torch._fused_ops`` (one node of the graph; with per-layer scopes the operator
+stores each parameter's beta and product itself, so that the graph's operations do
+not grow with the number of tensors).
 GradScaler's fused protocol is supported: ``grad_scale`` divides the gradients
 inside the kernels, and ``found_inf`` (nonzero) masks every store, keeps the
 running products :math:`\pi` and leaves the step counters as they were. Step
@@ -1427,11 +1434,14 @@ class GroupPlan:
     move to the parameters' device, as those of ``torch.optim.AdamW(fused=True)``.
 
     :meth:`grads` is the check of each step: the gradients of the same parameters,
-    at the addresses the plan was built with, the parameters at theirs, no new
-    gradient on a parameter the plan leaves out. Anything else (``p.data`` or a
-    gradient reallocated elsewhere, a parameter without its gradient, a changed
-    param group) returns ``None`` and the optimizer takes its general step, which
-    builds a new plan.
+    the parameters at the addresses the plan was built with, no new gradient on a
+    parameter the plan leaves out. Gradients that are new tensors (``zero_grad()``
+    sets them to ``None``, and backward allocates them again, often elsewhere) only
+    have their addresses compared and, where they moved, written into the tables
+    (:func:`rebind`: no new plan, no synchronisation). Anything else (``p.data``
+    elsewhere, a parameter without its gradient, a non-contiguous gradient, a
+    changed param group) returns ``None`` and the optimizer takes its general step,
+    which builds a new plan.
     """
 
     __slots__ = (
