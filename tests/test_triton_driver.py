@@ -401,6 +401,37 @@ def test_compiled_graph_does_not_grow_with_the_tensors(cls, kw, monkeypatch):
     assert len(small) <= 16, small
 
 
+@pytest.mark.parametrize(
+    ("cls", "kw"), [c for c in CASES if c.values[1].get("per_layer", c.values[0] is AMAdamW)]
+)
+def test_compiled_per_layer_step_with_a_grad_scaler(cls, kw):
+    """GradScaler's protocol through the per-layer operator: the gradients unscaled, and a
+    step with ``found_inf`` set keeps parameters, betas, products and counters, as the
+    eager Triton step does."""
+    params = _params(4)
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, eager = cls(params, **kw), cls(eager_params, **kw)
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+    for t, inf in enumerate((0.0, 1.0, 0.0)):
+        grads = _grads(params, t)
+        for o, ps in ((opt, params), (eager, eager_params)):
+            _set_grads(ps, [4.0 * g for g in grads])
+            o.grad_scale = torch.tensor(4.0)
+            o.found_inf = torch.tensor(inf)
+        before = [p.detach().clone() for p in params]
+        step()
+        eager.step()
+        if inf:
+            for p, b in zip(params, before, strict=True):
+                torch.testing.assert_close(p.detach(), b, rtol=0, atol=0)
+        for p, q in zip(params, eager_params, strict=True):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+            for key in ("step", "beta", "beta1_prod"):
+                if key in eager.state[q]:
+                    assert float(opt.state[p][key]) == float(eager.state[q][key]), (t, key)
+    assert float(opt.state[params[0]]["step"]) == 2
+
+
 def test_the_triton_operators_pass_opcheck():
     from amopt.torch import _fused_ops
 
