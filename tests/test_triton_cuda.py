@@ -10,6 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
 from amopt.torch import AMSGD, AMAdamW  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -181,3 +183,90 @@ def test_host_time_report():
                 f"  step {total[10] * 1e3:7.3f} ms"
             )
     print("\n" + "\n".join(rows))
+
+
+class _Copies(TorchDispatchMode):
+    """Host-to-device copies (is the source page-locked, is the copy blocking) and reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.uploads, self.reads = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.copy_.default:
+            dst, src = args[0], args[1]
+            if dst.is_cuda and not src.is_cuda:
+                blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking"))
+                self.uploads.append((src.is_pinned(), blocking))
+        if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu":
+            device = kwargs.get("device")
+            if device is not None and torch.device(device).type == "cuda":
+                self.uploads.append((args[0].is_pinned(), not kwargs.get("non_blocking")))
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads.append(str(func))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_reallocated_gradients_copy_their_addresses_asynchronously(cls, kw, monkeypatch):
+    """Gradients at new addresses every step (``zero_grad()``): the plan is kept, its
+    address tables reach the device by non-blocking copies from page-locked memory, and
+    nothing is read back to the host; the iterates match the single-tensor path."""
+    from amopt.torch import _triton as tri
+
+    a, b, opt, ref = _pair(cls, kw)
+    kept = []
+    for t in range(5):
+        grads = _grads(a, t)
+        for ps in (a, b):
+            for p, g in zip(ps, grads, strict=True):
+                p.grad = g.clone()
+        kept.append([p.grad for p in a])
+        if t >= 2:
+            build_plan = tri.build_plan
+            monkeypatch.setattr(tri, "build_plan", None)  # a rebuild would fail
+            with _Copies() as copies:
+                opt.step()
+            monkeypatch.setattr(tri, "build_plan", build_plan)
+            assert copies.uploads, "the new addresses reached the device"
+            assert all(pinned and not blocking for pinned, blocking in copies.uploads), (
+                copies.uploads
+            )
+            assert copies.reads == []
+        else:
+            opt.step()
+        ref.step()
+    for p, q in zip(a, b, strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_functional_step_with_host_counters_does_not_wait(per_layer):
+    """The unplanned driver (compiled steps, sharded groups) with host step counters,
+    as the optimizers keep them: the counters reach the device in one non-blocking copy
+    from page-locked memory, not one blocking copy each, and nothing is read back."""
+    from amopt._config import AMConfig
+    from amopt.torch._records import AdamHyper, AdamTensors
+    from amopt.torch._triton import triton_am_adamw
+
+    params = [p.detach() for p in _params()]
+    grads = _grads(params, 0)
+    t = AdamTensors(
+        params,
+        grads,
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.tensor(3.0) for _ in params],
+        [torch.full((), 0.5, device="cuda") for _ in params],
+    )
+    h = AdamHyper(
+        1e-3, 0.999, 1e-8, 0.0, "decoupled", False, AMConfig(beta_max=0.9, per_layer=per_layer)
+    )
+    triton_am_adamw(t, h)  # the plan is built (its tables are copied once)
+    with _Copies() as copies:
+        triton_am_adamw(t, h)
+    assert len(copies.uploads) == 1, copies.uploads
+    assert all(pinned and not blocking for pinned, blocking in copies.uploads), copies.uploads
+    assert copies.reads == []
+    assert [float(s) for s in t.state_steps] == [5.0] * len(params)

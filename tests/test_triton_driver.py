@@ -212,6 +212,108 @@ def test_host_work_of_a_planned_step_does_not_grow_with_the_tensors(cls, kw, mon
     assert not any("pin_memory" in op for op in small.ops), small.ops
 
 
+def _fresh_grads_step(cls, kw, n, monkeypatch):
+    """Operations of one planned step whose gradients are new tensors at new addresses
+    (``zero_grad()`` then backward), the old ones kept alive so that no address repeats."""
+    _stub_kernels(monkeypatch)
+    params = _params(n)
+    opt = cls(params, **kw)
+    kept = []
+    for t in range(2):
+        _set_grads(params, _grads(params, t))
+        kept.append([p.grad for p in params])
+        opt.step()
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the plan was built again for gradients at new addresses")
+
+    _set_grads(params, _grads(params, 2))
+    build_plan = tri.build_plan
+    monkeypatch.setattr(tri, "build_plan", no_rebuild)
+    with _Ops() as ops:
+        opt.step()
+    monkeypatch.setattr(tri, "build_plan", build_plan)
+    plan = opt._am_plans[id(opt.param_groups[0])]
+    for launch in plan.plan.launches:  # the grads column holds this step's addresses
+        want = [params[i].grad.data_ptr() for i in launch.members]
+        assert launch.table[:, 1].tolist() == want
+        assert launch.table[:, 0].tolist() == [params[i].data_ptr() for i in launch.members]
+    return ops
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_new_gradients_rewrite_only_their_addresses(cls, kw, monkeypatch):
+    """Gradients reallocated at every step: the plan stays (no rebuild), the address
+    column is rewritten with the same few operations at 12 and 120 tensors, and nothing
+    is read back from a tensor to the host."""
+    small = _fresh_grads_step(cls, kw, 12, monkeypatch)
+    large = _fresh_grads_step(cls, kw, 120, monkeypatch)
+    assert small.ops == large.ops
+    _, steady = _planned_step(cls, kw, 12, monkeypatch)
+    extra = list(small.ops)
+    for op in steady.ops:
+        extra.remove(op)
+    # the addresses as a tensor, then per launch (one dtype here) the gather of its
+    # members' addresses, the column written and the table copied
+    assert len(extra) <= 5, extra
+    assert not any("pin_memory" in op for op in small.ops)  # the CPU tables take no staging
+    host_reads = {"aten._local_scalar_dense.default", "aten.item.default"}
+    assert not host_reads & set(small.ops)
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_steps_with_reallocated_gradients_match_the_single_tensor_path(cls, kw):
+    """Every step's gradients at new addresses (two float dtypes, two launches): the
+    kernels read them through the rewritten tables and give the single-tensor iterates."""
+    params = _params(5, dtypes=(torch.float64, torch.float32))
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref = cls(params, **kw), cls(ref_params, **kw, foreach=False)
+    kept = []
+    for t in range(4):
+        grads = _grads(params, t)
+        _set_grads(params, grads)
+        kept.append([p.grad for p in params])
+        _set_grads(ref_params, grads)
+        opt.step()
+        ref.step()
+        for p, q in zip(params, ref_params, strict=True):
+            tol = 1e-8 if p.dtype == torch.float64 else 1e-5
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol)
+    assert opt.__dict__.get("_am_plans")
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_functional_step_rewrites_the_addresses_of_new_gradients(per_layer, monkeypatch):
+    """The unplanned driver (compiled and sharded steps): gradients at new addresses,
+    the rest where it was, take the cached plan with its gradient column rewritten."""
+    from amopt._config import AMConfig
+    from amopt.torch._records import AdamHyper, AdamTensors
+
+    _stub_kernels(monkeypatch)
+    params = [p.detach() for p in _params(6, dtypes=(torch.float64, torch.float32))]
+    state = (
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros(()) for _ in params],
+        [torch.ones((), dtype=torch.float64) for _ in params],
+    )
+    config = AMConfig(beta_max=0.9, per_layer=per_layer)
+    h = AdamHyper(1e-3, 0.999, 1e-8, 0.0, "decoupled", False, config)
+    kept = [_grads(params, 0)]
+    tri.triton_am_adamw(AdamTensors(params, kept[0], *state), h)
+    build_plan = tri.build_plan
+    monkeypatch.setattr(tri, "build_plan", None)  # a new plan would fail
+    for t in (1, 2):
+        kept.append(_grads(params, t))  # the older gradients stay alive: new addresses
+        tri.triton_am_adamw(AdamTensors(params, kept[-1], *state), h)
+        plan = next(reversed(tri._PLANS.values()))
+        for launch in plan.launches:
+            assert launch.table[:, 1].tolist() == [kept[-1][i].data_ptr() for i in launch.members]
+            assert launch.table[:, 0].tolist() == [params[i].data_ptr() for i in launch.members]
+    assert [float(s) for s in state[2]] == [3.0] * len(params)
+    monkeypatch.setattr(tri, "build_plan", build_plan)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 
@@ -255,6 +357,81 @@ def test_compiled_step_is_one_node_fullgraph_without_recompiles(cls, kw):
     assert any(name in t for t in targets), targets
 
 
+def _compiled_graph(cls, kw, n):
+    """The call nodes of a compiled step over ``n`` tensors (the graph dynamo hands its
+    backend), and dynamo's counters, after three steps with new gradients."""
+    params = _params(n)
+    lr = torch.tensor(kw["lr"], dtype=torch.float64)
+    opt = cls(params, **{**kw, "lr": lr})
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    step = torch.compile(opt.step, fullgraph=True, backend=backend)
+    for t in range(3):
+        _set_grads(params, _grads(params, t))
+        step()
+    calls = [
+        str(node.target)
+        for gm in graphs
+        for node in gm.graph.nodes
+        if node.op in ("call_function", "call_method", "call_module")
+    ]
+    return calls, dict(counters["stats"]), dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_compiled_graph_does_not_grow_with_the_tensors(cls, kw, monkeypatch):
+    """8 or 80 tensors: the same operations in the compiled step's graph (the tensors are
+    its inputs, the per-parameter betas and products are stored inside the operator),
+    one graph, no recompile, no graph break."""
+    _stub_kernels(monkeypatch)
+    small, small_stats, small_breaks = _compiled_graph(cls, kw, 8)
+    large, large_stats, large_breaks = _compiled_graph(cls, kw, 80)
+    assert small == large, (len(small), len(large))
+    for stats, breaks in ((small_stats, small_breaks), (large_stats, large_breaks)):
+        assert stats["unique_graphs"] == 1, stats
+        assert not breaks, breaks
+    assert len(small) <= 16, small
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw"), [c for c in CASES if c.values[1].get("per_layer", c.values[0] is AMAdamW)]
+)
+def test_compiled_per_layer_step_with_a_grad_scaler(cls, kw):
+    """GradScaler's protocol through the per-layer operator: the gradients unscaled, and a
+    step with ``found_inf`` set keeps parameters, betas, products and counters, as the
+    eager Triton step does."""
+    params = _params(4)
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, eager = cls(params, **kw), cls(eager_params, **kw)
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+    for t, inf in enumerate((0.0, 1.0, 0.0)):
+        grads = _grads(params, t)
+        for o, ps in ((opt, params), (eager, eager_params)):
+            _set_grads(ps, [4.0 * g for g in grads])
+            o.grad_scale = torch.tensor(4.0)
+            o.found_inf = torch.tensor(inf)
+        before = [p.detach().clone() for p in params]
+        step()
+        eager.step()
+        if inf:
+            for p, b in zip(params, before, strict=True):
+                torch.testing.assert_close(p.detach(), b, rtol=0, atol=0)
+        for p, q in zip(params, eager_params, strict=True):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+            for key in ("step", "beta", "beta1_prod"):
+                if key in eager.state[q]:
+                    assert float(opt.state[p][key]) == float(eager.state[q][key]), (t, key)
+    assert float(opt.state[params[0]]["step"]) == 2
+
+
 def test_the_triton_operators_pass_opcheck():
     from amopt.torch import _fused_ops
 
@@ -292,6 +469,21 @@ def test_the_triton_operators_pass_opcheck():
         None,
     )
     torch.library.opcheck(_fused_ops._triton_amsgd_op, sgd_args)
+    layers_adam = (
+        *adam_args[:6],
+        [torch.zeros((), dtype=torch.float64) for _ in params],
+        *adam_args[6:11],
+        adam_args[11],
+        adam_args[13],
+    )
+    torch.library.opcheck(_fused_ops._triton_am_adamw_layers_op, layers_adam)
+    layers_sgd = (
+        *sgd_args[:4],
+        [torch.zeros((), dtype=torch.float64) for _ in params],
+        *sgd_args[4:9],
+        sgd_args[10],
+    )
+    torch.library.opcheck(_fused_ops._triton_amsgd_layers_op, layers_sgd)
 
 
 # --------------------------------------------------------------------------- layering

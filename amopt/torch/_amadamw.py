@@ -72,7 +72,7 @@ def _config(group: dict[str, Any]) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value)."""
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     beta1 = as_float(group["betas"][0])
-    return AMConfig.cached(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
+    return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
 def _plan_flags(group: dict[str, Any]) -> tuple:
@@ -405,6 +405,25 @@ class AMAdamW(AMOptimizerBase):
             check_beta("betas[0]", beta1)  # schedulers write it
             path = self._path(group, params, grads)
             process_group = _distributed.scope_group(self, group, grads)
+            if (
+                path == "triton"
+                and torch.compiler.is_compiling()
+                and _fused_ops.layers_op_applies(group, params, process_group)
+            ):  # one graph node, which stores the betas and products itself
+                h = AdamHyper(
+                    _hyper_lr(group["lr"], path),
+                    beta2,
+                    group["eps"],
+                    group["weight_decay"],
+                    group["weight_decay_mode"],
+                    group["maximize"],
+                    _config(group),
+                )
+                t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+                betas_state = [self.state[p]["beta"] for p in params]
+                amp = Scaler(grad_scale, found_inf)
+                _fused_ops.triton_am_adamw_layers_traced(t, h, amp, betas_state)
+                continue
             betas, new_prods = am_adamw(
                 params,
                 grads,

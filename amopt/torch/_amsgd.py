@@ -68,7 +68,7 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value)."""
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     cap = group["beta_max"] if beta_max is None else beta_max
-    return AMConfig.cached(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
+    return rule_config(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
 
 
 def _plan_flags(group: dict[str, Any]) -> tuple:
@@ -410,6 +410,24 @@ class AMSGD(AMOptimizerBase):
 
             path = self._path(group, params, grads)
             process_group = _distributed.scope_group(self, group, grads)
+            if (
+                path == "triton"
+                and torch.compiler.is_compiling()
+                and all(b is not None for b in momentum_buffer_list)
+                and _fused_ops.layers_op_applies(group, params, process_group)
+            ):  # one graph node, which stores the betas itself
+                h = SGDHyper(
+                    _hyper_lr(group["lr"], path),
+                    group["weight_decay"],
+                    group["maximize"],
+                    _config(group, beta_max),
+                )
+                bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
+                t = SGDTensors(params, grads, bufs, state_steps)
+                betas_state = [self.state[p]["beta"] for p in params]
+                amp = Scaler(grad_scale, found_inf)
+                _fused_ops.triton_amsgd_layers_traced(t, h, amp, betas_state)
+                continue
             betas = amsgd(
                 params,
                 grads,

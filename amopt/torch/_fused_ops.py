@@ -317,3 +317,149 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
         c.variant,
     )
     return list(betas.unbind())
+
+
+# --------------------------------------------------------------------------- Triton, per layer
+# A compiled per-layer step writes each parameter's beta (and AM-AdamW's product) into
+# the optimizer's state entries inside the operator: an operator returning them would
+# leave the graph one output per parameter to unbind and copy back.
+
+
+def layers_op_applies(group: dict[str, Any], params: list[Tensor], process_group: Any) -> bool:
+    """Whether a compiled Triton step of ``group`` goes through a ``*_layers_`` operator:
+    a per-layer scope of plain (not sharded) tensors."""
+    if not group["per_layer"] or process_group is not None:
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without torch.distributed
+        return True
+    return not any(isinstance(p, DTensor) for p in params)
+
+
+def _store(olds: list[Tensor], news: list[Tensor], found_inf: Tensor | None) -> None:
+    """``olds[i] <- news[i]`` in one multi-tensor copy; kept where ``found_inf`` is nonzero."""
+    if found_inf is not None:
+        keep = found_inf.reshape(()) != 0
+        pairs = zip(olds, news, strict=True)
+        news = [torch.where(keep, old, new.to(old.dtype)) for old, new in pairs]
+    torch._foreach_copy_(olds, news)
+
+
+@torch.library.custom_op(
+    "amopt::triton_am_adamw_layers_",
+    mutates_args=("params", "exp_avgs", "exp_avg_sqs", "state_steps", "beta1_prods", "betas"),
+)
+def _triton_am_adamw_layers_op(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    beta1_prods: list[Tensor],
+    betas: list[Tensor],
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    lr_tensor: Tensor | None,
+    numbers: list[float],
+    weight_decay_mode: str,
+    maximize: bool,
+    variant: str | None,
+) -> None:
+    """``amopt::triton_am_adamw_`` with a per-layer scope that stores, per parameter,
+    the beta applied into ``betas`` (the old one kept on a skipped step) and the new
+    product into ``beta1_prods`` (one 0-d tensor each)."""
+    lr, beta2, eps, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
+    config = _config(rule, True, variant)
+    t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
+    h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
+    new_betas, new_prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
+    _store(betas, new_betas, found_inf)
+    _store(beta1_prods, new_prods, None)  # the driver keeps the old ones on a skipped step
+
+
+@_triton_am_adamw_layers_op.register_fake
+def _(*args):  # noqa: ANN002, ANN202
+    return None
+
+
+def triton_am_adamw_layers_traced(
+    t: AdamTensors, h: AdamHyper, amp: Scaler, betas: list[Tensor]
+) -> None:
+    """The per-layer Triton AM-AdamW step through the operator, the betas and products
+    stored into the state tensors ``betas`` and ``t.beta1_prods``."""
+    c: Any = h.config
+    lr_tensor, lr = _lr(h.lr)
+    _triton_am_adamw_layers_op(
+        list(t.params),
+        list(t.grads),
+        list(t.exp_avgs),
+        list(t.exp_avg_sqs),
+        list(t.state_steps),
+        list(t.beta1_prods),
+        list(betas),
+        amp.grad_scale,
+        amp.found_inf,
+        lr_tensor,
+        [lr, float(h.beta2), float(h.eps), float(h.weight_decay), *_rule_numbers(c)],
+        h.weight_decay_mode,
+        bool(h.maximize),
+        c.variant,
+    )
+
+
+@torch.library.custom_op(
+    "amopt::triton_amsgd_layers_",
+    mutates_args=("params", "momentum_buffer_list", "state_steps", "betas"),
+)
+def _triton_amsgd_layers_op(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momentum_buffer_list: list[Tensor],
+    state_steps: list[Tensor],
+    betas: list[Tensor],
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+    lr_tensor: Tensor | None,
+    numbers: list[float],
+    maximize: bool,
+    variant: str | None,
+) -> None:
+    """``amopt::triton_amsgd_`` with a per-layer scope that stores each parameter's beta
+    into ``betas`` (the old one kept on a skipped step). Every momentum buffer exists."""
+    lr, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
+    h = SGDHyper(lr, weight_decay, maximize, _config(rule, True, variant))
+    t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
+    new_betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
+    _store(betas, new_betas, found_inf)
+
+
+@_triton_amsgd_layers_op.register_fake
+def _(*args):  # noqa: ANN002, ANN202
+    return None
+
+
+def triton_amsgd_layers_traced(
+    t: SGDTensors, h: SGDHyper, amp: Scaler, betas: list[Tensor]
+) -> None:
+    """The per-layer Triton AMSGD step through the operator, the betas stored into the
+    state tensors ``betas``."""
+    c: Any = h.config
+    lr_tensor, lr = _lr(h.lr)
+    _triton_amsgd_layers_op(
+        list(t.params),
+        list(t.grads),
+        list(t.momentum_buffer_list),  # type: ignore[arg-type]
+        list(t.state_steps),
+        list(betas),
+        amp.grad_scale,
+        amp.found_inf,
+        lr_tensor,
+        [lr, float(h.weight_decay), *_rule_numbers(c)],
+        bool(h.maximize),
+        c.variant,
+    )

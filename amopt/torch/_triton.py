@@ -27,13 +27,20 @@ dtype, as in ``torch.optim.AdamW(fused=True)``.
 
 No device value is read on the host: the rule runs on the device, and the
 address tables and block maps are built from the tensors' metadata once, into a
-:class:`Plan` (cached by the tensors' addresses for the functional drivers). The
+:class:`Plan` (cached by the tensors' addresses for the functional drivers; a step
+whose gradients alone moved rewrites their addresses in the cached plan). The
 optimizers keep one :class:`GroupPlan` per param group: their per-parameter ``step``,
 ``beta`` and ``beta1_prod`` entries become views of group-level device tensors
 (:class:`GroupState`), so that a step is a fixed number of launches and small
-device operations whatever the number of tensors, and no host-to-device copy.
+device operations whatever the number of tensors, and no host-to-device copy
+(gradients reallocated by ``zero_grad()`` cost a comparison of their addresses and,
+where they moved, one asynchronous copy of the rewritten address tables). Host data
+a step needs on the device (address tables when a plan is built, host step
+counters) is copied from page-locked memory without blocking.
 Under ``torch.compile`` the drivers run inside the custom operators of
-``amopt.torch._fused_ops`` (one node of the graph).
+``amopt.torch._fused_ops`` (one node of the graph; with per-layer scopes the operator
+stores each parameter's beta and product itself, so that the graph's operations do
+not grow with the number of tensors).
 GradScaler's fused protocol is supported: ``grad_scale`` divides the gradients
 inside the kernels, and ``found_inf`` (nonzero) masks every store, keeps the
 running products :math:`\pi` and leaves the step counters as they were. Step
@@ -56,6 +63,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -515,17 +523,21 @@ def _segment_sum(
     KP: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    # rows [seg[s], seg[s+1]) of the partial sums, added in a fixed order
+    # rows [seg[s], seg[s+1]) of the partial sums, added in a fixed order; a while loop, as
+    # a loop bound held in a tensor is not one to every interpreter (Triton 3.6's keeps
+    # scalars as one-element arrays, which recent NumPy will not turn into an index)
     s = tl.program_id(0)
     lo = tl.load(seg_ptr + s)
     hi = tl.load(seg_ptr + s + 1)
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, KP)
     acc = tl.full([ROWS, KP], 0.0, ACC)
-    for r in range(lo, hi, ROWS):
+    r = lo
+    while r < hi:
         rr = r + rows
         m = (rr < hi)[:, None] & (cols < K)[None, :]
         acc += tl.load(part_ptr + rr[:, None] * K + cols[None, :], mask=m, other=0.0)
+        r += ROWS
     tl.store(out_ptr + s * K + cols, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cols < K)
 
 
@@ -580,6 +592,8 @@ class _Launch:
     n_tail: int
     table: Tensor | None = None  # int64 (n, columns): addresses, numel, scope, tensor index
     aligned: bool = True
+    host: Tensor | None = None  # the table on the host, from which it is (re)written
+    index: Tensor | None = None  # int64: ``members`` as a tensor
 
 
 @dataclasses.dataclass
@@ -639,14 +653,11 @@ _PINNED: list[Tensor] = []
 
 
 def _to(t: Tensor, device: torch.device) -> Tensor:
-    """A host-built table on ``device`` (when a plan is built, never per step)."""
+    """A host-built table on ``device`` (when a plan is built, never per step), copied
+    asynchronously from page-locked memory (:func:`_upload`)."""
     if device.type == "cpu":
         return t
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        pinned = t.pin_memory()
-        _PINNED.append(pinned)
-        return pinned.to(device, non_blocking=True)
-    return t.to(device)
+    return _upload(t, device)
 
 
 def _layout(
@@ -729,11 +740,14 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
             for row, i in zip(ptrs, launch.members, strict=True)
         ]
         aligned = all(ptr % 16 == 0 for row in ptrs for ptr in row)
+        host = torch.tensor(table, dtype=torch.int64)
         launches.append(
             dataclasses.replace(
                 launch,
-                table=_to(torch.tensor(table, dtype=torch.int64), device),
+                table=_to(host, device) if device.type != "cpu" else host.clone(),
                 aligned=aligned,
+                host=host,
+                index=torch.tensor(launch.members, dtype=torch.int64),
             )
         )
     rows: list[list[int]] = [[] for _ in layout.arrays]
@@ -779,20 +793,74 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
     )
 
 
+def rebind(plan: Plan, column: int, ptrs: Sequence[int]) -> bool:
+    """Point column ``column`` of the plan's address tables at ``ptrs`` (per tensor), in place.
+
+    For tensors of the same shapes and dtypes at new addresses (gradients that autograd
+    allocated anew, as after ``zero_grad()``): one host tensor of the addresses, one
+    gather and one copy per launch (per dtype) into the host table, and one
+    asynchronous copy of it to the device from page-locked memory, behind the kernels
+    of the previous step on the stream; no synchronisation, no per-tensor work but
+    reading the addresses. The page-locked buffer comes from torch's caching host
+    allocator, which does not hand it out again before the copy from it has run.
+    Returns ``False`` (nothing changed) where an address is not 16-byte aligned in a
+    plan built for aligned tensors: the plan must then be built again.
+    """
+    found = np.fromiter(ptrs, dtype=np.int64, count=len(ptrs))
+    if (found & 15).any() and any(launch.aligned for launch in plan.launches):
+        return False
+    addresses = torch.from_numpy(found)
+    for launch in plan.launches:
+        host, table = launch.host, launch.table
+        if host is None or table is None or launch.index is None:
+            return False
+        host[:, column] = addresses.index_select(0, launch.index)
+        if plan.device.type == "cpu":
+            table.copy_(host)
+            continue
+        staged = host.pin_memory()
+        if torch.cuda.is_current_stream_capturing():  # replayed from this memory
+            _PINNED.append(staged)
+        table.copy_(staged, non_blocking=True)
+    return True
+
+
+#: Plans by everything but the gradients' addresses: (key in ``_PLANS``, plan).
+_BY_STATE: dict[tuple, tuple[tuple, Plan]] = {}
+
+
 def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
-    """:func:`build_plan`, cached by the tensors' addresses, sizes and dtypes."""
+    """:func:`build_plan`, cached by the tensors' addresses, sizes and dtypes.
+
+    A step whose gradients (``columns[1]``) are new tensors at new addresses, the other
+    tensors where they were (``zero_grad()``, or sharded gradients reduced anew at every
+    step), takes the plan of the previous step with its gradient addresses rewritten
+    (:func:`rebind`) rather than a new one.
+    """
     params = columns[0]
-    key = (
+    shape = (
         params[0].device,
         per_layer,
         wide,
         CHUNK,
         tuple((p.dtype, p.numel()) for p in params),
-        tuple(t.data_ptr() for col in columns for t in col),
     )
+    ptrs = [tuple(map(Tensor.data_ptr, col)) for col in columns]
+    key = (*shape, tuple(ptr for col in ptrs for ptr in col))
     plan = _PLANS.get(key)
-    if plan is None:
-        plan = _remember(_PLANS, key, build_plan(columns, per_layer, wide))
+    if plan is not None:
+        return plan
+    rest = (*shape, ptrs[0], *ptrs[2:])
+    known = _BY_STATE.get(rest)
+    if known is not None and len(columns) > 1:
+        old_key, plan = known
+        if _PLANS.get(old_key) is plan and rebind(plan, 1, ptrs[1]):
+            del _PLANS[old_key]
+            _PLANS[key] = plan
+            _BY_STATE[rest] = (key, plan)
+            return plan
+    plan = _remember(_PLANS, key, build_plan(columns, per_layer, wide))
+    _remember(_BY_STATE, rest, (key, plan))
     return plan
 
 
@@ -866,9 +934,35 @@ def _scaler_tensor(name: str, value: Tensor | None, device: torch.device) -> Ten
     return value.reshape(())
 
 
+def _upload(t: Tensor, device: torch.device) -> Tensor:
+    """A small host tensor made at a step, on ``device`` without a synchronisation.
+
+    A copy from pageable memory makes the host wait for the stream; this one is staged
+    in page-locked memory from torch's caching host allocator (not handed out again
+    before the copy has run) and copied asynchronously.
+    """
+    if device.type != "cuda":
+        return t.to(device)
+    staged = t.pin_memory()
+    if torch.cuda.is_current_stream_capturing():  # replayed from this memory
+        _PINNED.append(staged)
+    return staged.to(device, non_blocking=True)
+
+
 def _stacked_steps(state_steps: Sequence[Tensor], device: torch.device) -> Tensor:
-    """The step counters (before this step) as one float64 tensor on ``device``."""
-    return torch.stack([s.detach().reshape(()).to(device) for s in state_steps]).to(torch.float64)
+    """The step counters (before this step) as one float64 tensor on ``device``.
+
+    Host counters (as the optimizers keep them without ``capturable``) are stacked on
+    the host and uploaded in one asynchronous copy (:func:`_upload`), not one blocking
+    copy per counter.
+    """
+    flat = [s.detach().reshape(()) for s in state_steps]
+    devices = {s.device for s in flat}
+    if devices == {device}:
+        return torch.stack(flat).to(torch.float64)
+    if len(devices) == 1:
+        return _upload(torch.stack(flat).to(torch.float64), device)
+    return torch.stack([s.to(device) for s in flat]).to(torch.float64)
 
 
 def _count_step(state_steps: Sequence[Tensor], found_inf: Tensor | None) -> None:
@@ -1094,7 +1188,7 @@ def triton_amsgd(
                 momentum_buffer_list[i] = torch.zeros_like(params[i])
         fresh = _stacked_steps(state_steps, device) == 0
         if any(new):
-            fresh = fresh | torch.tensor(new).to(device)
+            fresh = fresh | _upload(torch.tensor(new), device)
         fresh = fresh.to(torch.float64)
         bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
         plan = _plan([params, grads, bufs], h.config.per_layer, wide=True)
@@ -1340,11 +1434,14 @@ class GroupPlan:
     move to the parameters' device, as those of ``torch.optim.AdamW(fused=True)``.
 
     :meth:`grads` is the check of each step: the gradients of the same parameters,
-    at the addresses the plan was built with, the parameters at theirs, no new
-    gradient on a parameter the plan leaves out. Anything else (``p.data`` or a
-    gradient reallocated elsewhere, a parameter without its gradient, a changed
-    param group) returns ``None`` and the optimizer takes its general step, which
-    builds a new plan.
+    the parameters at the addresses the plan was built with, no new gradient on a
+    parameter the plan leaves out. Gradients that are new tensors (``zero_grad()``
+    sets them to ``None``, and backward allocates them again, often elsewhere) only
+    have their addresses compared and, where they moved, written into the tables
+    (:func:`rebind`: no new plan, no synchronisation). Anything else (``p.data``
+    elsewhere, a parameter without its gradient, a non-contiguous gradient, a
+    changed param group) returns ``None`` and the optimizer takes its general step,
+    which builds a new plan.
     """
 
     __slots__ = (
@@ -1396,18 +1493,19 @@ class GroupPlan:
             if p.grad is not None:
                 return None
         if not all(map(operator.is_, grads, self.grads_seen)):
-            try:
-                ptrs = [g.data_ptr() for g in grads]
-                if not all(g.is_contiguous() and g.layout == torch.strided for g in grads):
+            try:  # data_ptr raises for None and for sparse layouts (no storage)
+                ptrs = list(map(Tensor.data_ptr, grads))
+                if not all(map(Tensor.is_contiguous, grads)):
                     return None
-            except (AttributeError, RuntimeError):  # None, or a layout without storage
+            except (AttributeError, RuntimeError, TypeError):
                 return None
             if ptrs != self.grad_ptrs:
                 # gradients allocated elsewhere (autograd gives them the parameters' shape
-                # and dtype): new address tables, the rest of the plan stays
-                self.plan = build_plan(
-                    [self.params, grads, *self.tensors], self.plan.per_layer, self.plan.wide
-                )
+                # and dtype): their column of the address tables is rewritten in place
+                if not rebind(self.plan, 1, ptrs):
+                    self.plan = build_plan(
+                        [self.params, grads, *self.tensors], self.plan.per_layer, self.plan.wide
+                    )
                 self.grad_ptrs = ptrs
             self.grads_seen = grads
         return grads
