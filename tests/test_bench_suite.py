@@ -63,6 +63,8 @@ def test_rows_carry_the_targets_of_the_issue():
         "foreach-ops-1480": 1.0,
         "minimize-syncs": 1.0,
         "minimize-ops": 1.0,
+        "minimize-bytes-mgd": 1.1,
+        "minimize-bytes-am-mgd": 1.3,
     }
     assert all(row.target is None for row in _cli.EXTRA_ROWS)
     # every row names its two sides and a unique key
