@@ -33,10 +33,13 @@ from amopt.torch._common import (
     chunk_elements,
     chunks,
     default_path,
+    hyper_lr,
     new_step,
+    plan_flags,
     real_dtype,
     rule_by_rows,
     rule_config,
+    step_lr,
     store_betas,
     total,
     triton_module,
@@ -73,24 +76,6 @@ def _config(group: dict[str, Any]) -> AMConfig:
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     beta1 = as_float(group["betas"][0])
     return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
-
-
-def _plan_flags(group: dict[str, Any]) -> tuple:
-    """What a group's Triton plan depends on besides its tensors."""
-    return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
-
-
-def _step_lr(lr: Any) -> Any:
-    """The ``lr`` a step hands on: a tensor as it is while ``torch.compile`` traces (the
-    Triton operator reads it when it runs: a scheduler's new value needs no new graph)."""
-    return lr if torch.compiler.is_compiling() and isinstance(lr, Tensor) else as_float(lr)
-
-
-def _hyper_lr(lr: Any, path: str) -> Any:
-    """``lr`` as a number, or as the traced tensor for the Triton operator."""
-    if path == "triton" and isinstance(lr, Tensor) and torch.compiler.is_compiling():
-        return lr
-    return as_float(lr)
 
 
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
@@ -388,7 +373,7 @@ class AMAdamW(AMOptimizerBase):
 
         grad_scale, found_inf = self._amp()
         for group in self.param_groups:
-            flags = _plan_flags(group)
+            flags = plan_flags(group)
             if not torch.compiler.is_compiling() and self._planned_step(group, flags):
                 continue
             params: list[Tensor] = []
@@ -411,7 +396,7 @@ class AMAdamW(AMOptimizerBase):
                 and _fused_ops.layers_op_applies(group, params, process_group)
             ):  # one graph node, which stores the betas and products itself
                 h = AdamHyper(
-                    _hyper_lr(group["lr"], path),
+                    hyper_lr(group["lr"], path),
                     beta2,
                     group["eps"],
                     group["weight_decay"],
@@ -435,7 +420,7 @@ class AMAdamW(AMOptimizerBase):
                 fused=path in ("fused", "triton"),
                 grad_scale=grad_scale,
                 found_inf=found_inf,
-                lr=_step_lr(group["lr"]),
+                lr=step_lr(group["lr"]),
                 beta1=beta1,
                 beta2=beta2,
                 eps=group["eps"],
@@ -678,7 +663,7 @@ def am_adamw(
     if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
     h = AdamHyper(
-        _hyper_lr(lr, path),
+        hyper_lr(lr, path),
         as_float(beta2),
         eps,
         weight_decay,

@@ -27,12 +27,15 @@ from amopt.torch._common import (
     check_lr,
     default_path,
     foreach_sqsum,
+    hyper_lr,
     new_step,
+    plan_flags,
     real_dtype,
     rule_by_rows,
     rule_config,
     scope_sums,
     sqsum,
+    step_lr,
     torch_worded,
     total,
     triton_module,
@@ -69,24 +72,6 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     cap = group["beta_max"] if beta_max is None else beta_max
     return rule_config(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
-
-
-def _plan_flags(group: dict[str, Any]) -> tuple:
-    """What a group's Triton plan depends on besides its tensors."""
-    return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
-
-
-def _step_lr(lr: Any) -> Any:
-    """The ``lr`` a step hands on: a tensor as it is while ``torch.compile`` traces (the
-    Triton operator reads it when it runs: a scheduler's new value needs no new graph)."""
-    return lr if torch.compiler.is_compiling() and isinstance(lr, Tensor) else as_float(lr)
-
-
-def _hyper_lr(lr: Any, path: str) -> Any:
-    """``lr`` as a number, or as the traced tensor for the Triton operator."""
-    if path == "triton" and isinstance(lr, Tensor) and torch.compiler.is_compiling():
-        return lr
-    return as_float(lr)
 
 
 def _validate(group: dict[str, Any]) -> None:
@@ -396,7 +381,7 @@ class AMSGD(AMOptimizerBase):
         # reconcile every cap first, so that an invalid one fails before any group steps
         caps = [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
         for group, beta_max in zip(self.param_groups, caps, strict=True):
-            flags = _plan_flags(group)
+            flags = plan_flags(group)
             if not torch.compiler.is_compiling() and self._planned_step(group, flags, beta_max):
                 continue
             params: list[Tensor] = []
@@ -417,7 +402,7 @@ class AMSGD(AMOptimizerBase):
                 and _fused_ops.layers_op_applies(group, params, process_group)
             ):  # one graph node, which stores the betas itself
                 h = SGDHyper(
-                    _hyper_lr(group["lr"], path),
+                    hyper_lr(group["lr"], path),
                     group["weight_decay"],
                     group["maximize"],
                     _config(group, beta_max),
@@ -437,7 +422,7 @@ class AMSGD(AMOptimizerBase):
                 fused=path in ("fused", "triton"),
                 grad_scale=grad_scale,
                 found_inf=found_inf,
-                lr=_step_lr(group["lr"]),
+                lr=step_lr(group["lr"]),
                 lam=group["lam"],
                 beta_max=beta_max,
                 weight_decay=group["weight_decay"],
@@ -572,7 +557,7 @@ def amsgd(
     compiling = torch.compiler.is_compiling()
     if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
-    h = SGDHyper(_hyper_lr(lr, path), weight_decay, maximize, config)
+    h = SGDHyper(hyper_lr(lr, path), weight_decay, maximize, config)
     t = SGDTensors(params, grads, momentum_buffer_list, state_steps)
     amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves

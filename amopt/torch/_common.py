@@ -1025,3 +1025,21 @@ class AMOptimizerBase(Optimizer):
                     step = new_step(p.device if group.get("capturable") else None)
                     step.fill_(float(state["step"]))
                     state["step"] = step
+
+
+def plan_flags(group: dict[str, Any]) -> tuple:
+    """What a group's Triton plan depends on besides its tensors."""
+    return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
+
+
+def step_lr(lr: Any) -> Any:
+    """The ``lr`` a step hands on: a tensor as it is while ``torch.compile`` traces (the
+    Triton operator reads it when it runs: a scheduler's new value needs no new graph)."""
+    return lr if torch.compiler.is_compiling() and isinstance(lr, Tensor) else as_float(lr)
+
+
+def hyper_lr(lr: Any, path: str) -> Any:
+    """``lr`` as a number, or as the traced tensor for the Triton operator."""
+    if path == "triton" and isinstance(lr, Tensor) and torch.compiler.is_compiling():
+        return lr
+    return as_float(lr)
