@@ -710,6 +710,13 @@ def am_adam_beta(
     )
 
 
+def _adam_x(x: Array, d: Array, p: Array, lr: float, wd: float, mode: str) -> Array:
+    """AM-Adam's step 7: ``x`` moved by ``lr d / p`` with decoupled or proximal decay."""
+    if mode == "proximal":
+        return (x - lr * d / p) / (1.0 + lr * wd)
+    return (1.0 - lr * wd) * x - lr * d / p
+
+
 @rule_keywords(omit=("beta_max",), lam=0.1, numerator="linear", per_layer=True)
 def am_adam_step(
     params: Any,
@@ -811,11 +818,7 @@ def am_adam_step(
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]
             b = cast(xp, beta, g.dtype)
             d = g + (b + lam * p) / (1.0 + lam * p) * (d - g)
-            if weight_decay_mode == "proximal":
-                x = (x - lr * d / p) / (1.0 + lr * wd)
-            else:
-                x = (1.0 - lr * wd) * x - lr * d / p
-            new_d[i], new_x[i] = d, x
+            new_d[i], new_x[i] = d, _adam_x(x, d, p, lr, wd, weight_decay_mode)
             new_prods[i] = prods[k] * beta
         betas_out.append(beta)
     f_next = math.nan if f is None else f
@@ -942,11 +945,7 @@ def am_adam_apply(
             b = _host_scalar(xp, beta[k], g.dtype)
             v = diffs[i] if diffs[i] is not None else d - g
             d = g + (b + lps[i]) / denoms[i] * v
-            if weight_decay_mode == "proximal":
-                x = (x - lr * d / p) / (1.0 + lr * wd)
-            else:
-                x = (1.0 - lr * wd) * x - lr * d / p
-            new_d[i], new_x[i] = d, x
+            new_d[i], new_x[i] = d, _adam_x(x, d, p, lr, wd, weight_decay_mode)
             new_prods[i] = state.beta1_prod[scope[0]] * beta[k]
     new_state = AMAdamState(
         state.step + 1,
