@@ -732,8 +732,6 @@ def _multi_tensor_amsgd(
         numels = [t.numel() for t in lists[1]]
         contiguous = all(t.is_contiguous() for ts in lists for t in ts)
         mode = foreach_mode(device, sum(numels), half=dtype != op, contiguous=contiguous)
-        if mode == "chunks" and dtype == op:  # few passes: whole tensors as fast, fewer ops
-            mode = "lists"
         kit: Any = None
         if mode == "flat":  # 1-D views: per-tensor values spread over them (Flat)
             kit = Flat(numels, device)
@@ -746,10 +744,11 @@ def _multi_tensor_amsgd(
         else:
             pieces = [list(enumerate(zip(*lists, strict=True)))]
         parts, owner_ids = [], []
+        host = mode == "chunks" and not torch.compiler.is_compiling()
         for chunk in pieces:
             owners = [i for i, _ in chunk]
             _, gs, ds = [list(ts) for ts in zip(*(part for _, part in chunk), strict=True)]
-            if mode == "chunks":
+            if host:
                 gd = cpu_sqsums(gs + ds, kit(0, gs) + kit(1, ds))
                 torch._foreach_sub_(ds, gs)  # the buffers now hold v = d - g
                 vv = cpu_sqsums(ds, kit(0, ds))
@@ -764,7 +763,7 @@ def _multi_tensor_amsgd(
         if len(owner_ids) != len(indices):  # tensors cut into pieces: add the pieces up
             index = torch.tensor(owner_ids, device=sums.device)
             sums = sums.new_zeros(3, len(indices)).index_add_(1, index, sums)
-        buckets.append((pieces, kit, mode, op, indices, sums))
+        buckets.append((pieces, kit, mode, op, indices, sums, host))
 
     # rule: one beta per tensor (vectorised per bucket) or one over all buckets
     betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
@@ -778,7 +777,7 @@ def _multi_tensor_amsgd(
     # sharded scopes: add the sums of all ranks
     bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[4] for b in buckets])
     if per_layer:
-        for (*_, op, indices, _), sums in zip(buckets, bucket_sums, strict=True):
+        for (*_, op, indices, _, _), sums in zip(buckets, bucket_sums, strict=True):
             sums = scope_sums(sums, op)
             beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
@@ -788,13 +787,16 @@ def _multi_tensor_amsgd(
         sums = scope_sums(bucket_sums[0], scope_acc)
         beta, gamma = _rule.momentum_beta(torch, sums, config)
         betas = [beta] * n
-        for pieces, *_, op, _, _ in buckets:
+        for pieces, *_, op, _, _, _ in buckets:
             device = pieces[0][0][1][0].device
             coefs.append(gamma.to(device=device, dtype=op, non_blocking=True))
 
     # apply: d = g + gamma * v, x -= lr * d, in float32 for half precision
-    for (pieces, kit, mode, op, *_), coef in zip(buckets, coefs, strict=True):
-        if mode == "flat":
+    for (pieces, kit, mode, op, *_, host), coef in zip(buckets, coefs, strict=True):
+        host_coef: Any = None
+        if host:  # CPU values, read without a synchronisation: gamma as add's alpha
+            host_coef = coef.tolist()
+        elif mode == "flat":
             coef = kit.spread(coef)
         elif coef.dim() != 0:
             coef = list(coef.unbind())
@@ -812,9 +814,14 @@ def _multi_tensor_amsgd(
             if xs is not xs_low and mode != "lists":
                 for high, low in ((xs, xs_low), (gs, gs_low), (ds, ds_low)):
                     torch._foreach_copy_(high, low)
-            c = coef if isinstance(coef, Tensor) or mode == "flat" else [coef[i] for i in owners]
-            torch._foreach_mul_(ds, c)
-            torch._foreach_add_(ds, gs)
+            if host_coef is not None:  # one pass per piece where mul_ and add_ make two
+                for i, g, v in zip(owners, gs, ds, strict=True):
+                    c = host_coef[i] if isinstance(host_coef, list) else host_coef
+                    torch.add(g, v, alpha=c, out=v)
+            else:
+                c = coef if isinstance(coef, Tensor) or mode == "flat" else [coef[i] for i in owners]
+                torch._foreach_mul_(ds, c)
+                torch._foreach_add_(ds, gs)
             torch._foreach_add_(xs, ds, alpha=-lr)
             if ds is not ds_low:
                 torch._foreach_copy_(ds_low, ds)

@@ -521,30 +521,43 @@ def range_safe_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
 _SAFE_SQSUM = (2.0**-100, 2.0**120)
 
 
-def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
-    """``[sum(t * t) for t in tensors]`` (CPU pieces of a chunk) in float64, range-safe.
+def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor] | None = None) -> Tensor:
+    """``[sum(t * t) for t in tensors]`` (CPU tensors or pieces of a chunk) in float64, range-safe.
 
     Float32 (and float64) data is squared and summed in its own dtype, half precision
     in float32; pieces whose sum leaves :data:`_SAFE_SQSUM` (about ``|t|`` below 1e-15
     or above 1e18, or not finite; zero pieces are checked for zeros) are summed again by
-    :func:`range_safe_sqsums` in ``buffers``. The test is a read of CPU values (no
-    device involved); squaring in float64 costs about five times as much.
+    :func:`range_safe_sqsums` in ``buffers`` (``None``: buffers made for those pieces
+    only). The test is a read of CPU values (no device involved); squaring in float64
+    costs about six times as much (25M float32 in 48 tensors, 1 thread, Zen 4:
+    ``_foreach_powsum`` 3.9 ms in float32, 23.6 ms in float64).
     """
     dtype = tensors[0].dtype
     if dtype == torch.float64:
         return torch.stack(foreach_sqsum(tensors, None))
     sums = torch.stack(foreach_sqsum(tensors, None if dtype == torch.float32 else torch.float32))
     lo, hi = _SAFE_SQSUM
-    ok = ((sums >= lo) & (sums <= hi)).tolist()
-    zero = [k for k, s in enumerate(sums.tolist()) if s == 0.0]
+    values = sums.tolist()
+    ok = [lo <= s <= hi for s in values]
+    if all(ok):
+        return sums.to(torch.float64)
+    zero = [k for k, s in enumerate(values) if s == 0.0]
     if zero:  # all zeros (v = d - g of an unchanged gradient), or squares underflowed?
-        nonzero = torch.stack([tensors[k].any() for k in zero]).tolist()
-        for k, any_nonzero in zip(zero, nonzero, strict=True):
-            ok[k] = not any_nonzero
+        for k in zero:
+            ok[k] = tensors[k].numel() == 0
+        zero = [k for k in zero if not ok[k]]
+        if zero:  # one read-only pass each (Tensor.any() converts to bool: 4x as long)
+            extremes = [torch.stack(torch.aminmax(tensors[k])) for k in zero]
+            nonzero = torch.stack(extremes).ne(0).any(1).tolist()
+            for k, any_nonzero in zip(zero, nonzero, strict=True):
+                ok[k] = not any_nonzero
     sums = sums.to(torch.float64)
     redo = [k for k, good in enumerate(ok) if not good]
     if redo:
-        again = range_safe_sqsums([tensors[k] for k in redo], [buffers[k] for k in redo])
+        again = range_safe_sqsums(
+            [tensors[k] for k in redo],
+            [torch.empty_like(tensors[k]) if buffers is None else buffers[k] for k in redo],
+        )
         sums[redo] = again
     return sums
 
