@@ -819,8 +819,8 @@ def _multi_tensor_amsgd(
                     c = host_coef[i] if isinstance(host_coef, list) else host_coef
                     torch.add(g, v, alpha=c, out=v)
             else:
-                c = coef if isinstance(coef, Tensor) or mode == "flat" else [coef[i] for i in owners]
-                torch._foreach_mul_(ds, c)
+                flat = isinstance(coef, Tensor) or mode == "flat"
+                torch._foreach_mul_(ds, coef if flat else [coef[i] for i in owners])
                 torch._foreach_add_(ds, gs)
             torch._foreach_add_(xs, ds, alpha=-lr)
             if ds is not ds_low:
