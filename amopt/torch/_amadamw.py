@@ -11,7 +11,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_bool, check_choice, check_interval
-from amopt.torch import _distributed, _fused, _fused_ops
+from amopt.torch import _distributed, _fused, _fused_ops, _traced_ops
 from amopt.torch._common import (
     AdamHyper,
     AdamTensors,
@@ -681,7 +681,11 @@ def am_adamw(
         if sync is None and torch.compiler.is_compiling():  # one node of the graph
             return _fused_ops.fused_am_adamw_traced(t, h, amp)
         return _fused_am_adamw(t, h, amp, sync)
-    func = _multi_tensor_am_adamw if path == "foreach" else _single_tensor_am_adamw
+    # compiled, foreach=True traces the single-tensor form: the compiler fuses each
+    # tensor's passes into one reduce and one apply loop either way, and the multi-tensor
+    # form's eager devices (polarised sums of squares) would be stored as temporaries
+    foreach = path == "foreach" and not compiling
+    func = _multi_tensor_am_adamw if foreach else _single_tensor_am_adamw
     return _amp_am_adamw(func, t, h, amp, sync)
 
 
@@ -761,8 +765,12 @@ def _single_tensor_am_adamw(
 
     # reduce: N, D, ref of each scope, with p = c (eps + sqrt(v_hat)) of the scope's c
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
+    accs = [accumulation_dtype(gs[i].dtype for i in scope) for scope in scopes]
+    # compiled: each tensor's sums go to the rule operator one by one (see rule_from_sums)
+    traced = torch.compiler.is_compiling() and sync is None and len(set(accs)) == 1
+    used = [k for k, a_k in enumerate(weights) if k == 0 or a_k != 0]
     ps: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
-    rows, prods = [], []
+    rows, prods, parts = [], [], []
     for scope in scopes:
         acc = accumulation_dtype(gs[i].dtype for i in scope)
         prod = beta1_prods[scope[0]].to(acc)
@@ -785,20 +793,39 @@ def _single_tensor_am_adamw(
             v = d_ - g_
             ratio = g_ / p_
             terms = [ratio * g_, u * v * v, ratio * d_, g_ * x_, d_ * x_]
-            num = weights[0] * terms[0]
-            for a_k, term in zip(weights[1:], terms[1:], strict=True):
-                if a_k != 0:
-                    num = num + a_k * term
-            nums.append(num.sum())
-            dens.append((w * v * v).sum())
-            refs.append((w * d_ * d_).sum() + (w * g_ * g_).sum())
-        rows.append(torch.stack([total(nums), total(dens), total(refs)]))
+            # a sum per term, weighted after: one small reduction each, which the
+            # compiler fuses into one loop (their weighted sum as one elementwise
+            # expression is large enough for it to store in a temporary first)
+            term_sums = [terms[k].sum() for k in used]
+            den = (w * v * v).sum()
+            ref_d, ref_g = (w * d_ * d_).sum(), (w * g_ * g_).sum()
+            if traced:
+                parts += [*term_sums, den, ref_d, ref_g]
+                continue
+            num = weights[0] * term_sums[0]
+            for k, term_sum in zip(used[1:], term_sums[1:], strict=True):
+                num = num + weights[k] * term_sum
+            nums.append(num)
+            dens.append(den)
+            refs.append(ref_d + ref_g)
+        if not traced:
+            rows.append(torch.stack([total(nums), total(dens), total(refs)]))
         prods.append(prod)
 
-    rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
-
     # rule (step 5) and the products (step 8)
-    beta = rule_by_rows(_rule.adam_beta, rows, config, lr=lr, weight_decay=wd)
+    if traced:
+        beta = _traced_ops.rule_from_sums(
+            _rule.adam_beta,
+            parts,
+            config,
+            accs[0],
+            weights=[weights[k] for k in used],
+            lr=lr,
+            weight_decay=wd,
+        )
+    else:
+        rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
+        beta = rule_by_rows(_rule.adam_beta, rows, config, lr=lr, weight_decay=wd)
     new_prod = [prod * b for prod, b in zip(prods, beta, strict=True)]
 
     # apply: steps 6 and 7

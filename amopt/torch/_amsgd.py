@@ -11,7 +11,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt import _rule
 from amopt._config import AMConfig, check_interval
-from amopt.torch import _distributed, _fused, _fused_ops
+from amopt.torch import _distributed, _fused, _fused_ops, _traced_ops
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
@@ -572,7 +572,9 @@ def amsgd(
         else:
             betas = _fused_amsgd(t, h, amp, sync)
     else:
-        func = _multi_tensor_amsgd if path == "foreach" else _single_tensor_amsgd
+        # compiled, foreach=True traces the single-tensor form (as AMAdamW does)
+        foreach = path == "foreach" and not compiling
+        func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
         betas = _amp_amsgd(func, t, h, amp, sync)
     _distributed.store_new_states(caller_buffers, momentum_buffer_list, caller_params)
     return betas
@@ -644,24 +646,34 @@ def _single_tensor_amsgd(
 
     # reduce: <v,v>, <g,g>, <d,d> of each scope (the buffers hold v = d - g afterwards)
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
-    rows, accs = [], []
-    for scope in scopes:
-        accs.append(accumulation_dtype(gs[i].dtype for i in scope))
-        wide = wide_dtype(gs[scope[0]].device)  # squares in float64: no underflow, no overflow
-        gg_parts, dd_parts, vv_parts = [], [], []
-        for i in scope:
-            g, d = gs[i], ds[i]
-            gg_parts.append(sqsum(g, wide))
-            dd_parts.append(sqsum(d, wide))
+    accs = [accumulation_dtype(gs[i].dtype for i in scope) for scope in scopes]
+    if torch.compiler.is_compiling() and sync is None and len(set(accs)) == 1:
+        # <v,v>, <g,g>, <v,g> of each tensor, which the compiler forms in one loop
+        # (<d,d> as a fourth sum it forms in another), handed to the rule operator one
+        # by one; it adds them up and forms <d,d> = <v,v> + 2<v,g> + <g,g>, which the
+        # rule reads only in its zero-denominator threshold
+        parts = []
+        for g, d in zip(gs, ds, strict=True):
+            wide = wide_dtype(g.device)  # squares in float64: no underflow, no overflow
             d.sub_(g)
-            vv_parts.append(sqsum(d, wide))
-        rows.append(torch.stack([total(vv_parts), total(gg_parts), total(dd_parts)]))
-
-    rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
-    rows = [scope_sums(row, acc) for row, acc in zip(rows, accs, strict=True)]
-
-    # rule
-    beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config)
+            parts += [sqsum(d, wide), sqsum(g, wide), (d.to(wide) * g.to(wide)).sum()]
+        beta, gamma = _traced_ops.rule_from_sums(_rule.momentum_beta, parts, config, accs[0])
+    else:
+        rows = []
+        for scope in scopes:
+            wide = wide_dtype(gs[scope[0]].device)  # squares in float64: see wide_dtype
+            gg_parts, dd_parts, vv_parts = [], [], []
+            for i in scope:
+                g, d = gs[i], ds[i]
+                gg_parts.append(sqsum(g, wide))
+                dd_parts.append(sqsum(d, wide))
+                d.sub_(g)
+                vv_parts.append(sqsum(d, wide))
+            rows.append(torch.stack([total(vv_parts), total(gg_parts), total(dd_parts)]))
+        rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
+        rows = [scope_sums(row, acc) for row, acc in zip(rows, accs, strict=True)]
+        # rule
+        beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config)
 
     # apply: d = g + gamma * (d - g) (exact when d = g), x -= lr * d
     betas: list[Tensor] = [beta] * n  # placeholders, all overwritten below

@@ -9,6 +9,7 @@ protocol (:func:`unscale`, :class:`InfSkip`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import warnings
@@ -21,7 +22,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from amopt._config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
-from amopt.torch import _fused
+from amopt.torch import _fused, _traced_ops
 from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     NO_SCALER,
     AdamHyper,
@@ -33,6 +34,8 @@ from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     accumulation_dtype,
     as_real,
     real_dtype,
+    scope_sums,
+    wide_dtype,
 )
 
 __all__: list[str] = []
@@ -249,19 +252,6 @@ def cast(tensors: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
 # --------------------------------------------------------------------------- reductions
 
 
-def wide_dtype(device: torch.device) -> torch.dtype:
-    """The dtype sums of squares are formed in: float64 wherever the device has it.
-
-    The beta rules depend on ratios of a scope's sums only, but the squares summed are
-    not scale-free: in float32 (and bfloat16, whose range is float32's) ``g * g``
-    underflows for ``|g|`` below about 1e-19 and overflows above about 1e19, and beta
-    would then be reset to 0. Squared in float64 they keep the whole range of the
-    data; :func:`scope_sums` brings them back to the scope's dtype. Apple MPS has no
-    float64: there the squares stay in float32.
-    """
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
 def sqsum(t: Tensor, dtype: torch.dtype) -> Tensor:
     """``sum(t * t)`` of one tensor as a 0-d tensor, every square formed in ``dtype``."""
     return foreach_sqsum([t], dtype)[0]
@@ -284,33 +274,24 @@ def dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.sum(a * b)
 
 
-def scope_sums(sums: Tensor, dtype: torch.dtype) -> Tensor:
-    """Sums of scopes, formed in a wider dtype, as the rule's input in the scope ``dtype``.
-
-    Each scope's row (last axis) is first divided by the power of two that brings its
-    largest entry into ``[0.5, 1)``: exact, and the rules (linearised numerators) depend
-    only on ratios of a scope's sums (``num / den`` and ``den / ref``), so beta is
-    that of the unscaled sums, now without the underflow or overflow a plain cast of
-    ``1e-50`` or ``1e50`` to float32 would give. Zero and non-finite rows are left as
-    they are (the rule's guard handles them). A no-op when the dtypes agree.
-    """
-    if sums.dtype == dtype:
-        return sums
-    _, exponent = torch.frexp(sums.abs().amax(dim=-1, keepdim=True))
-    return torch.ldexp(sums, -exponent).to(dtype)
-
-
 def _foreach_powsum(
     tensors: Sequence[Tensor], order: int, dtype: torch.dtype | None = None
 ) -> list[Tensor]:
     """``[sum(|t|**order) for t in tensors]``: ``torch._foreach_powsum`` where it exists.
 
-    Older torch releases lack it, and ``torch.compile`` does not trace it; there
-    ``_foreach_norm`` is used, raised back to the power ``order`` (a relative
-    difference of a few ulps for ``order=2``).
+    Older torch releases lack it; there ``_foreach_norm`` is used, raised back to the
+    power ``order`` (a relative difference of a few ulps for ``order=2``). Under
+    ``torch.compile`` each is a plain sum, fused into the loop that forms its input.
     """
+    if torch.compiler.is_compiling():
+        # plain reductions, which the compiler fuses into the loops beside them (dynamo
+        # cannot trace _foreach_powsum, and _foreach_norm would run eagerly)
+        wide = [t if dtype is None else t.to(dtype) for t in tensors]
+        if order == 2:
+            return [(t * t).sum() for t in wide]
+        return [t.abs().pow(order).sum() for t in wide]
     powsum = getattr(torch, "_foreach_powsum", None)
-    if powsum is not None and not torch.compiler.is_compiling():  # dynamo cannot trace it
+    if powsum is not None:
         return list(powsum(tensors, order, dtype=dtype))
     norms = torch._foreach_norm(tensors, order, dtype=dtype)
     return list(norms) if order == 1 else list(torch._foreach_pow(norms, order))
@@ -572,11 +553,16 @@ def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -
     """``rule(torch, stacked rows, ...)``; row by row when scopes differ in accumulation dtype.
 
     A per-layer group mixing float64 and float32 tensors keeps each scope's beta in its
-    own accumulation dtype (stacking would promote every row to float64).
+    own accumulation dtype (stacking would promote every row to float64). Compiled, the
+    rule is the operator ``amopt::rule`` (:mod:`amopt.torch._traced_ops`).
     """
+    if torch.compiler.is_compiling():  # one node of the graph, not scalars in every loop
+        rule = functools.partial(_traced_ops.rule, rule)
+    else:
+        rule = functools.partial(rule, torch)
     if all(r.dtype == rows[0].dtype for r in rows):
-        return rule(torch, torch.stack(list(rows)), *args, **kwargs)
-    outs = [rule(torch, r, *args, **kwargs) for r in rows]
+        return rule(torch.stack(list(rows)), *args, **kwargs)
+    outs = [rule(r, *args, **kwargs) for r in rows]
     if isinstance(outs[0], tuple):
         return tuple(list(col) for col in zip(*outs, strict=True))
     return outs
@@ -591,9 +577,9 @@ def bias_correction_roots(steps: Sequence[Tensor], beta2: float) -> list[Tensor]
     The square root: ``sqrt(v) / sqrt(1 - beta2**t)``, as ``torch.optim.Adam`` forms it,
     stays finite where ``v / (1 - beta2**t)`` overflows.
     """
-    s = torch.stack(list(steps))
-    s = s.to(wide_dtype(s.device))
-    return list((1.0 - torch.pow(beta2, s)).sqrt().unbind())
+    if torch.compiler.is_compiling():  # one node, not a power in every loop
+        return list(_traced_ops.roots(steps, beta2).unbind())
+    return list(_traced_ops.bias_correction_roots(list(steps), beta2).unbind())
 
 
 def total(parts: Sequence[Tensor]) -> Tensor:
@@ -601,6 +587,13 @@ def total(parts: Sequence[Tensor]) -> Tensor:
     device = parts[0].device
     if len(parts) == 1:
         return parts[0]
+    if torch.compiler.is_compiling():
+        # added one by one: a stack of many reductions is a concatenation buffer for the
+        # compiler, which then runs the reductions of one tensor in separate loops
+        out = parts[0]
+        for p in parts[1:]:
+            out = out + p.to(device)
+        return out
     return torch.stack([p.to(device, non_blocking=True) for p in parts]).sum()
 
 

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from amopt._config import AMConfig
 from amopt.torch._records import (
     AdamHyper,
     AdamTensors,
@@ -27,6 +26,8 @@ from amopt.torch._records import (
     SGDTensors,
     accumulation_dtype,
     real_dtype,
+    rule_config_from,
+    rule_numbers,
 )
 
 __all__: list[str] = []
@@ -73,7 +74,7 @@ def _fused_am_adamw_op(
     beta_min, theta, beta_high, beta_low``.
     """
     lr, beta2, eps, weight_decay, *rule = numbers
-    config = _config(rule, per_layer, variant)
+    config = rule_config_from(rule, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
     betas, prods = _DRIVERS["fused_am_adamw"](t, h, Scaler(grad_scale, found_inf), None)
@@ -83,19 +84,6 @@ def _fused_am_adamw_op(
 
 def _dtype(params: list[Tensor]) -> torch.dtype:
     return accumulation_dtype([real_dtype(p) for p in params])
-
-
-#: The rule's numeric options, in the order the operators take them in ``numbers``.
-_RULE_FIELDS = ("lam", "beta_max", "beta_min", "theta", "beta_high", "beta_low")
-
-
-def _config(rule: list[float], per_layer: bool, variant: str | None) -> AMConfig:
-    options = dict(zip(_RULE_FIELDS, rule, strict=True))
-    return AMConfig.cached(numerator="linear", per_layer=per_layer, variant=variant, **options)
-
-
-def _rule_numbers(c: Any) -> list[float]:
-    return [float(getattr(c, name)) for name in _RULE_FIELDS]
 
 
 @torch.library.custom_op(
@@ -122,7 +110,7 @@ def _fused_amsgd_op(
     ``d = g`` before the first step).
     """
     lr, weight_decay, *rule = numbers
-    h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
+    h = SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     betas = _DRIVERS["fused_amsgd"](t, h, Scaler(grad_scale, found_inf), None)
     return torch.stack(betas).to(_dtype(params))
@@ -143,7 +131,7 @@ def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
         list(t.state_steps),
         amp.grad_scale,
         amp.found_inf,
-        [float(h.lr), float(h.weight_decay), *_rule_numbers(c)],
+        [float(h.lr), float(h.weight_decay), *rule_numbers(c)],
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -163,7 +151,7 @@ def fused_am_adamw_traced(
     """The fused AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
     numbers = [float(h.lr), float(h.beta2), float(h.eps), float(h.weight_decay)]
-    numbers += _rule_numbers(c)
+    numbers += rule_numbers(c)
     betas, prods = _fused_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -217,7 +205,7 @@ def _triton_am_adamw_op(
     lr, beta2, eps, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = float(lr_tensor)
-    config = _config(rule, per_layer, variant)
+    config = rule_config_from(rule, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
     betas, prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
@@ -245,7 +233,7 @@ def triton_am_adamw_traced(
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
     numbers = [lr, float(h.beta2), float(h.eps), float(h.weight_decay)]
-    numbers += _rule_numbers(c)
+    numbers += rule_numbers(c)
     betas, prods = _triton_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -288,7 +276,7 @@ def _triton_amsgd_op(
     lr, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = float(lr_tensor)
-    h = SGDHyper(lr, weight_decay, maximize, _config(rule, per_layer, variant))
+    h = SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
     return torch.stack(betas).to(_dtype(params))
@@ -311,7 +299,7 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        [lr, float(h.weight_decay), *_rule_numbers(c)],
+        [lr, float(h.weight_decay), *rule_numbers(c)],
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -372,7 +360,7 @@ def _triton_am_adamw_layers_op(
     lr, beta2, eps, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = float(lr_tensor)
-    config = _config(rule, True, variant)
+    config = rule_config_from(rule, True, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
     new_betas, new_prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
@@ -403,7 +391,7 @@ def triton_am_adamw_layers_traced(
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        [lr, float(h.beta2), float(h.eps), float(h.weight_decay), *_rule_numbers(c)],
+        [lr, float(h.beta2), float(h.eps), float(h.weight_decay), *rule_numbers(c)],
         h.weight_decay_mode,
         bool(h.maximize),
         c.variant,
@@ -432,7 +420,7 @@ def _triton_amsgd_layers_op(
     lr, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = float(lr_tensor)
-    h = SGDHyper(lr, weight_decay, maximize, _config(rule, True, variant))
+    h = SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, True, variant))
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     new_betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
     _store(betas, new_betas, found_inf)
@@ -459,7 +447,7 @@ def triton_amsgd_layers_traced(
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        [lr, float(h.weight_decay), *_rule_numbers(c)],
+        [lr, float(h.weight_decay), *rule_numbers(c)],
         bool(h.maximize),
         c.variant,
     )

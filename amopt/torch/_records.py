@@ -27,6 +27,10 @@ __all__ = [
     "accumulation_dtype",
     "as_real",
     "real_dtype",
+    "rule_config_from",
+    "rule_numbers",
+    "scope_sums",
+    "wide_dtype",
 ]
 
 
@@ -99,3 +103,47 @@ def real_dtype(t: Tensor) -> torch.dtype:
 
 def as_real(t: Tensor) -> Tensor:
     return torch.view_as_real(t) if torch.is_complex(t) else t
+
+
+#: The rule's numeric options, in the order the operators take them in ``numbers``.
+RULE_FIELDS = ("lam", "beta_max", "beta_min", "theta", "beta_high", "beta_low")
+
+
+def rule_config_from(numbers: list[float], per_layer: bool, variant: str | None) -> AMConfig:
+    """The :class:`~amopt._config.AMConfig` an operator was given as plain values."""
+    options = dict(zip(RULE_FIELDS, numbers, strict=True))
+    return AMConfig.cached(numerator="linear", per_layer=per_layer, variant=variant, **options)
+
+
+def rule_numbers(config: AMConfig) -> list[float]:
+    """The numeric options of ``config`` in the order of :data:`RULE_FIELDS`."""
+    return [float(getattr(config, name)) for name in RULE_FIELDS]
+
+
+def wide_dtype(device: torch.device) -> torch.dtype:
+    """The dtype sums of squares are formed in: float64 wherever the device has it.
+
+    The beta rules depend on ratios of a scope's sums only, but the squares summed are
+    not scale-free: in float32 (and bfloat16, whose range is float32's) ``g * g``
+    underflows for ``|g|`` below about 1e-19 and overflows above about 1e19, and beta
+    would then be reset to 0. Squared in float64 they keep the whole range of the
+    data; :func:`scope_sums` brings them back to the scope's dtype.
+    Apple MPS has no float64: there the squares stay in float32.
+    """
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def scope_sums(sums: Tensor, dtype: torch.dtype) -> Tensor:
+    """Sums of scopes, formed in a wider dtype, as the rule's input in the scope ``dtype``.
+
+    Each scope's row (last axis) is first divided by the power of two that brings its
+    largest entry into ``[0.5, 1)``: exact, and the rules (linearised numerators) depend
+    only on ratios of a scope's sums (``num / den`` and ``den / ref``), so beta is
+    that of the unscaled sums, now without the underflow or overflow a plain cast of
+    ``1e-50`` or ``1e50`` to float32 would give. Zero and non-finite rows are left as
+    they are (the rule's guard handles them). A no-op when the dtypes agree.
+    """
+    if sums.dtype == dtype:
+        return sums
+    _, exponent = torch.frexp(sums.abs().amax(dim=-1, keepdim=True))
+    return torch.ldexp(sums, -exponent).to(dtype)
