@@ -1,0 +1,125 @@
+"""What inductor generates for a compiled single-tensor or foreach step on the CPU.
+
+Each tensor costs two loops, a reduce and an apply (the reduce's sums of one tensor in
+one loop), the rule between them is one operator node, and no power is formed inside
+a loop (the bias corrections are an operator node too): the compiled step's memory
+traffic is the reduce -> rule -> apply shape of ``docs/architecture.md``. The compiled
+iterates equal the eager ones.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._inductor.utils import fresh_cache, run_and_get_code  # noqa: E402
+
+from amopt.torch import (  # noqa: E402
+    AMSGD,
+    AMAdamW,
+    _traced_ops,  # noqa: E402
+)
+
+#: More tensors than the 16 up to which inductor fused every reduction of a tensor into
+#: one loop even when the graph added the sums up itself; distinct sizes name the loops.
+SIZES = [1000 + 16 * k for k in range(20)]
+
+
+def _group(cls, **kwargs):
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in SIZES]
+    opt = cls(params, lr=1e-3, **kwargs)
+    return params, opt, gen
+
+
+def _new_grads(params, gen):
+    for p in params:
+        p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [
+        pytest.param(AMSGD, {"foreach": False}, id="AMSGD-single-global"),
+        pytest.param(AMSGD, {"foreach": True, "per_layer": True}, id="AMSGD-foreach-per-layer"),
+        pytest.param(AMAdamW, {"foreach": False}, id="AMAdamW-single-per-layer"),
+        pytest.param(
+            AMAdamW,
+            {"foreach": True, "per_layer": False, "weight_decay": 0.1},
+            id="AMAdamW-foreach-global",
+        ),
+    ],
+)
+def test_compiled_step_is_a_reduce_and_an_apply_loop_per_tensor(cls, kwargs):
+    params, opt, gen = _group(cls, **kwargs)
+    eager_params, eager_opt, eager_gen = _group(cls, **kwargs)
+    for ps, o in ((params, opt), (eager_params, eager_opt)):  # the state, eagerly
+        _new_grads(ps, torch.Generator().manual_seed(1))
+        o.step()
+    torch._dynamo.reset()
+    step = torch.compile(opt.step, fullgraph=True)
+    with fresh_cache():
+        _new_grads(params, gen)
+        _, code = run_and_get_code(step)
+        for _ in range(2):
+            _new_grads(params, gen)
+            step()
+    code = "\n".join(code)
+
+    loops = {s: len(re.findall(rf"x0<static_cast<int64_t>\({s}L\)", code)) for s in SIZES}
+    assert set(loops.values()) == {2}, loops
+    assert "std::pow" not in code
+    ops = set(re.findall(r"torch\.ops\.amopt\.(\w+)", code))
+    expected = {"rule_from_sums"} | ({"bias_correction_roots"} if cls is AMAdamW else set())
+    assert ops == expected
+
+    for _ in range(3):  # the same gradients, drawn from the same generator state
+        _new_grads(eager_params, eager_gen)
+        eager_opt.step()
+    for x, ref in zip(params, eager_params, strict=True):
+        torch.testing.assert_close(x.detach(), ref.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_the_compiled_step_operators_pass_opcheck():
+    steps = [torch.tensor(3.0), torch.tensor(4.0)]
+    torch.library.opcheck(_traced_ops._roots_op, (steps, 0.999))
+    numbers = [0.1, 0.9, 0.0, 0.0, 0.9, 0.1]
+    sums = [torch.tensor(v, dtype=torch.float64) for v in (0.5, 2.0, -0.25, 0.4, 1.5, 0.1)]
+    torch.library.opcheck(
+        _traced_ops._rule_from_sums_op,
+        ("momentum", sums, [], numbers, True, None, None, 0.0, torch.float32),
+    )
+    adam = [torch.tensor(v) for v in (1.0, 0.2, 0.3, 2.0, 0.5, 0.25)]
+    torch.library.opcheck(
+        _traced_ops._rule_from_sums_op,
+        ("adam", adam, [1.0, -0.1, 0.01], numbers, False, "clip", 1e-3, 0.01, torch.float32),
+    )
+    rows = torch.tensor([[0.5, 2.0, 2.2], [0.1, 0.2, 0.3]])
+    torch.library.opcheck(_traced_ops._rule_op, ("momentum", rows, numbers, True, None, None, 0.0))
+
+
+def test_rule_from_sums_gives_the_rule_of_the_added_sums():
+    """The operator's sums (per tensor) added up and <d,d> formed from <v,g> give the beta
+    of the rule on the sums formed directly."""
+    from amopt import _rule
+    from amopt._config import AMConfig
+
+    gen = torch.Generator().manual_seed(3)
+    gs = [torch.randn(50, generator=gen, dtype=torch.float64) for _ in range(3)]
+    ds = [g + 0.3 * torch.randn(50, generator=gen, dtype=torch.float64) for g in gs]
+    config = AMConfig(lam=0.1, beta_max=0.9, per_layer=False)
+    parts = []
+    for g, d in zip(gs, ds, strict=True):
+        v = d - g
+        parts += [v @ v, g @ g, v @ g]
+    beta, gamma = _traced_ops.rule_from_sums(_rule.momentum_beta, parts, config, torch.float64)
+    g, d = torch.cat(gs), torch.cat(ds)
+    v = d - g
+    ref_beta, ref_gamma = _rule.momentum_beta(
+        torch, torch.stack([v @ v, g @ g, d @ d])[None], config
+    )
+    torch.testing.assert_close(beta, ref_beta, rtol=1e-12, atol=0)
+    torch.testing.assert_close(gamma, ref_gamma, rtol=1e-12, atol=0)
