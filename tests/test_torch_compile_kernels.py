@@ -123,3 +123,31 @@ def test_rule_from_sums_gives_the_rule_of_the_added_sums():
     )
     torch.testing.assert_close(beta, ref_beta, rtol=1e-12, atol=0)
     torch.testing.assert_close(gamma, ref_gamma, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("cls", [AMSGD, AMAdamW], ids=["AMSGD", "AMAdamW"])
+def test_the_compiled_rule_is_looked_up_when_it_runs(cls, monkeypatch):
+    """The operator calls ``amopt._rule``'s function of the moment, as every surface
+    does: a rule replaced after compilation is the one a compiled step runs."""
+    from amopt import _rule
+
+    name = "momentum_beta" if cls is AMSGD else "adam_beta"
+    params, opt, gen = _group(cls, foreach=False)
+    _new_grads(params, gen)
+    opt.step()
+    torch._dynamo.reset()
+    step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+    step()
+    calls = []
+    original = getattr(_rule, name)
+
+    def zero_beta(xp, sums, cfg, **kwargs):
+        calls.append(sums.shape)
+        out = original(xp, sums, cfg, **kwargs)
+        return tuple(xp.zeros_like(o) for o in out) if isinstance(out, tuple) else out * 0
+
+    monkeypatch.setattr(_rule, name, zero_beta)
+    _new_grads(params, gen)
+    step()
+    assert calls
+    assert all(float(b) == 0.0 for b in opt.latest_betas()[0])

@@ -27,9 +27,16 @@ from amopt.torch._records import rule_config_from, rule_numbers, scope_sums, wid
 
 __all__: list[str] = []
 
-#: The rule families, by the name the operator takes.
-_FAMILIES = {"momentum": _rule.momentum_beta, "adam": _rule.adam_beta}
-_NAMES = {fn: name for name, fn in _FAMILIES.items()}
+#: The rule families, by the name the operator takes: the functions of ``amopt._rule``,
+#: looked up when called (as every surface does; ``tests/test_one_rule.py``).
+_FAMILIES = {"momentum": "momentum_beta", "adam": "adam_beta"}
+
+
+def _family(fn: Any) -> str:
+    for family, name in _FAMILIES.items():
+        if fn is getattr(_rule, name):
+            return family
+    raise ValueError(f"{fn!r} is not a rule of amopt._rule")
 
 
 def bias_correction_roots(steps: list[Tensor], beta2: float) -> Tensor:
@@ -80,7 +87,7 @@ def _run_rule(
     kwargs: dict[str, Any] = {"lr": lr}
     if family == "adam":
         kwargs["weight_decay"] = weight_decay
-    out = _FAMILIES[family](torch, sums, config, **kwargs)
+    out = getattr(_rule, _FAMILIES[family])(torch, sums, config, **kwargs)
     outs = list(out) if isinstance(out, tuple) else [out]
     # an operator's outputs may not alias its input
     return [o.clone() if o._base is sums or o is sums else o for o in outs]
@@ -98,7 +105,7 @@ def rule(fn: Any, sums: Tensor, config: Any, **kwargs: Any) -> Any:
     ``fn`` is :func:`amopt._rule.momentum_beta` or :func:`amopt._rule.adam_beta`; the
     result has its shape (a tuple for the momentum rule).
     """
-    family = _NAMES[fn]
+    family = _family(fn)
     outs = _rule_op(
         family,
         sums,
@@ -178,7 +185,7 @@ def rule_from_sums(
     in one loop (a stack or a scalar expression of them in the graph keeps it from
     fusing some of them). Returns ``fn``'s outputs, one entry per scope.
     """
-    family = _NAMES[fn]
+    family = _family(fn)
     outs = _rule_from_sums_op(
         family,
         list(sums),
