@@ -200,6 +200,10 @@ def _force_triton(original: Callable) -> Callable:
     return default_path
 
 
+#: The modules of ``amopt.torch`` whose ``default_path`` :func:`triton_on_cpu` replaces.
+_PATH_MODULES: list[Any] = []
+
+
 @contextlib.contextmanager
 def triton_on_cpu(stub: bool = True) -> Iterator[Counter[str]]:
     """Run the optimizers' Triton driver on CPU tensors, its launches stubbed.
@@ -236,12 +240,14 @@ def triton_on_cpu(stub: bool = True) -> Iterator[Counter[str]]:
             for name, value in real.items()
         }
 
-    importlib.import_module("amopt.torch")
-    modules = [
-        m
-        for name, m in list(sys.modules.items())
-        if name.startswith("amopt.torch") and m is not None and hasattr(m, "default_path")
-    ]
+    if not _PATH_MODULES:  # found once: a scan of sys.modules costs more than a step
+        importlib.import_module("amopt.torch")
+        _PATH_MODULES.extend(
+            m
+            for name, m in list(sys.modules.items())
+            if name.startswith("amopt.torch") and m is not None and hasattr(m, "default_path")
+        )
+    modules = list(_PATH_MODULES)
     saved_paths = [(m, m.default_path) for m in modules]
     saved_env = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
