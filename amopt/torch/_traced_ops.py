@@ -56,8 +56,7 @@ def _(steps: list[Tensor], beta2: float) -> Tensor:
     return steps[0].new_empty((len(steps),), dtype=wide_dtype(steps[0].device))
 
 
-@torch.library.custom_op("amopt::rule", mutates_args=())
-def _rule_op(
+def _run_rule(
     family: str,
     sums: Tensor,
     numbers: list[float],
@@ -71,18 +70,6 @@ def _rule_op(
     ``numbers``: the rule's options in the order of
     :data:`~amopt.torch._records.RULE_FIELDS`.
     """
-    return _run_rule(family, sums, numbers, per_layer, variant, lr, weight_decay)
-
-
-def _run_rule(
-    family: str,
-    sums: Tensor,
-    numbers: list[float],
-    per_layer: bool,
-    variant: str | None,
-    lr: float | None,
-    weight_decay: float,
-) -> list[Tensor]:
     config = rule_config_from(numbers, per_layer, variant)
     kwargs: dict[str, Any] = {"lr": lr}
     if family == "adam":
@@ -91,6 +78,9 @@ def _run_rule(
     outs = list(out) if isinstance(out, tuple) else [out]
     # an operator's outputs may not alias its input
     return [o.clone() if o._base is sums or o is sums else o for o in outs]
+
+
+_rule_op = torch.library.custom_op("amopt::rule", mutates_args=())(_run_rule)
 
 
 @_rule_op.register_fake
