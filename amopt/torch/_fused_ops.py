@@ -48,6 +48,47 @@ def _triton() -> Any:
     return _triton
 
 
+# The operators take the hyper-parameters as plain values: ``numbers`` holds ``lr``,
+# (AM-AdamW: ``beta2, eps``), ``weight_decay`` and the rule's options (RULE_FIELDS); a
+# tensor ``lr`` travels as ``lr_tensor`` (0.0 in ``numbers``), read when the step runs.
+
+
+def _adam_numbers(h: AdamHyper, lr: float) -> list[float]:
+    return [lr, float(h.beta2), float(h.eps), float(h.weight_decay), *rule_numbers(h.config)]
+
+
+def _sgd_numbers(h: SGDHyper, lr: float) -> list[float]:
+    return [lr, float(h.weight_decay), *rule_numbers(h.config)]
+
+
+def _adam_hyper(
+    numbers: list[float],
+    lr_tensor: Tensor | None,
+    weight_decay_mode: str,
+    maximize: bool,
+    per_layer: bool,
+    variant: str | None,
+) -> AdamHyper:
+    lr, beta2, eps, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
+    config = rule_config_from(rule, per_layer, variant)
+    return AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
+
+
+def _sgd_hyper(
+    numbers: list[float],
+    lr_tensor: Tensor | None,
+    maximize: bool,
+    per_layer: bool,
+    variant: str | None,
+) -> SGDHyper:
+    lr, weight_decay, *rule = numbers
+    if lr_tensor is not None:
+        lr = float(lr_tensor)
+    return SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
+
+
 @torch.library.custom_op(
     "amopt::fused_am_adamw_",
     mutates_args=("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
@@ -73,10 +114,8 @@ def _fused_am_adamw_op(
     ``numbers``: ``lr, beta2, eps, weight_decay`` and the rule's ``lam, beta_max,
     beta_min, theta, beta_high, beta_low``.
     """
-    lr, beta2, eps, weight_decay, *rule = numbers
-    config = rule_config_from(rule, per_layer, variant)
+    h = _adam_hyper(numbers, None, weight_decay_mode, maximize, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
     betas, prods = _DRIVERS["fused_am_adamw"](t, h, Scaler(grad_scale, found_inf), None)
     dtype = _dtype(params)
     return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
@@ -109,8 +148,7 @@ def _fused_amsgd_op(
     beta_high, beta_low``. Every momentum buffer exists (the optimizer makes it
     ``d = g`` before the first step).
     """
-    lr, weight_decay, *rule = numbers
-    h = SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
+    h = _sgd_hyper(numbers, None, maximize, per_layer, variant)
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     betas = _DRIVERS["fused_amsgd"](t, h, Scaler(grad_scale, found_inf), None)
     return torch.stack(betas).to(_dtype(params))
@@ -131,7 +169,7 @@ def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
         list(t.state_steps),
         amp.grad_scale,
         amp.found_inf,
-        [float(h.lr), float(h.weight_decay), *rule_numbers(c)],
+        _sgd_numbers(h, float(h.lr)),
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -150,8 +188,7 @@ def fused_am_adamw_traced(
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
-    numbers = [float(h.lr), float(h.beta2), float(h.eps), float(h.weight_decay)]
-    numbers += rule_numbers(c)
+    numbers = _adam_numbers(h, float(h.lr))
     betas, prods = _fused_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -202,12 +239,8 @@ def _triton_am_adamw_op(
     ``numbers`` as in ``amopt::fused_am_adamw_``; ``lr_tensor``, when given, is ``lr``
     (read here, when the step runs, so that a compiled step follows a scheduler).
     """
-    lr, beta2, eps, weight_decay, *rule = numbers
-    if lr_tensor is not None:
-        lr = float(lr_tensor)
-    config = rule_config_from(rule, per_layer, variant)
+    h = _adam_hyper(numbers, lr_tensor, weight_decay_mode, maximize, per_layer, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
     betas, prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
     dtype = _dtype(params)
     return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
@@ -232,8 +265,7 @@ def triton_am_adamw_traced(
     """The Triton AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
-    numbers = [lr, float(h.beta2), float(h.eps), float(h.weight_decay)]
-    numbers += rule_numbers(c)
+    numbers = _adam_numbers(h, lr)
     betas, prods = _triton_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -273,10 +305,7 @@ def _triton_amsgd_op(
     """One Triton AMSGD step; per parameter the beta applied (``numbers`` as in
     ``amopt::fused_amsgd_``, ``lr_tensor`` as in ``amopt::triton_am_adamw_``). Every
     momentum buffer exists."""
-    lr, weight_decay, *rule = numbers
-    if lr_tensor is not None:
-        lr = float(lr_tensor)
-    h = SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
+    h = _sgd_hyper(numbers, lr_tensor, maximize, per_layer, variant)
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
     return torch.stack(betas).to(_dtype(params))
@@ -299,7 +328,7 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        [lr, float(h.weight_decay), *rule_numbers(c)],
+        _sgd_numbers(h, lr),
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -357,12 +386,8 @@ def _triton_am_adamw_layers_op(
     """``amopt::triton_am_adamw_`` with a per-layer scope that stores, per parameter,
     the beta applied into ``betas`` (the old one kept on a skipped step) and the new
     product into ``beta1_prods`` (one 0-d tensor each)."""
-    lr, beta2, eps, weight_decay, *rule = numbers
-    if lr_tensor is not None:
-        lr = float(lr_tensor)
-    config = rule_config_from(rule, True, variant)
+    h = _adam_hyper(numbers, lr_tensor, weight_decay_mode, maximize, True, variant)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    h = AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
     new_betas, new_prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
     _store(betas, new_betas, found_inf)
     _store(beta1_prods, new_prods, None)  # the driver keeps the old ones on a skipped step
@@ -391,7 +416,7 @@ def triton_am_adamw_layers_traced(
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        [lr, float(h.beta2), float(h.eps), float(h.weight_decay), *rule_numbers(c)],
+        _adam_numbers(h, lr),
         h.weight_decay_mode,
         bool(h.maximize),
         c.variant,
@@ -417,10 +442,7 @@ def _triton_amsgd_layers_op(
 ) -> None:
     """``amopt::triton_amsgd_`` with a per-layer scope that stores each parameter's beta
     into ``betas`` (the old one kept on a skipped step). Every momentum buffer exists."""
-    lr, weight_decay, *rule = numbers
-    if lr_tensor is not None:
-        lr = float(lr_tensor)
-    h = SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, True, variant))
+    h = _sgd_hyper(numbers, lr_tensor, maximize, True, variant)
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     new_betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
     _store(betas, new_betas, found_inf)
@@ -447,7 +469,7 @@ def triton_amsgd_layers_traced(
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        [lr, float(h.weight_decay), *rule_numbers(c)],
+        _sgd_numbers(h, lr),
         bool(h.maximize),
         c.variant,
     )
