@@ -17,6 +17,7 @@ python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'trit
 
 timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -rfEs --timeout 90 \
     tests/test_triton.py tests/test_triton_compile.py tests/test_triton_driver.py \
+    tests/test_triton_cuda.py tests/test_torch_foreach_structure.py \
     tests/test_torch_optim_renewed.py \
     "tests/test_minimize_device_syncs.py" "tests/test_problems_sparse_device.py" \
     -k "cuda or cupy or triton or Triton or gpu" 2>&1 | tee "$out/tests.log" | tail -40
