@@ -78,6 +78,19 @@ def _config(group: dict[str, Any]) -> AMConfig:
     return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
+def _group_hyper(group: dict[str, Any], lr: Any, beta2: float) -> AdamHyper:
+    """The hyper-parameters of a step of ``group`` (the Triton driver's own records)."""
+    return AdamHyper(
+        lr,
+        beta2,
+        group["eps"],
+        group["weight_decay"],
+        group["weight_decay_mode"],
+        group["maximize"],
+        _config(group),
+    )
+
+
 def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
     check_bool("capturable", group["capturable"])
     check_lr(group["lr"], foreach=group["foreach"], capturable=group["capturable"])
@@ -395,15 +408,7 @@ class AMAdamW(AMOptimizerBase):
                 and torch.compiler.is_compiling()
                 and _fused_ops.layers_op_applies(group, params, process_group)
             ):  # one graph node, which stores the betas and products itself
-                h = AdamHyper(
-                    hyper_lr(group["lr"], path),
-                    beta2,
-                    group["eps"],
-                    group["weight_decay"],
-                    group["weight_decay_mode"],
-                    group["maximize"],
-                    _config(group),
-                )
+                h = _group_hyper(group, hyper_lr(group["lr"], path), beta2)
                 t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
                 betas_state = [self.state[p]["beta"] for p in params]
                 amp = Scaler(grad_scale, found_inf)
@@ -452,15 +457,7 @@ class AMAdamW(AMOptimizerBase):
             return False
         beta1, beta2 = (as_float(b) for b in group["betas"])
         check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)
-        h = AdamHyper(
-            as_float(group["lr"]),
-            beta2,
-            group["eps"],
-            group["weight_decay"],
-            group["weight_decay_mode"],
-            group["maximize"],
-            _config(group),
-        )
+        h = _group_hyper(group, as_float(group["lr"]), beta2)
         t = AdamTensors(plan.params, grads, *plan.tensors, [], [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
         triton_module().triton_am_adamw(t, h, amp, plan=plan.plan, state=plan.state)
@@ -771,8 +768,7 @@ def _single_tensor_am_adamw(
     used = [k for k, a_k in enumerate(weights) if k == 0 or a_k != 0]
     ps: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
     rows, prods, parts = [], [], []
-    for scope in scopes:
-        acc = accumulation_dtype(gs[i].dtype for i in scope)
+    for scope, acc in zip(scopes, accs, strict=True):
         prod = beta1_prods[scope[0]].to(acc)
         c = _rule.adam_correction(prod, config)  # step 2
         nums, dens, refs = [], [], []

@@ -74,6 +74,11 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     return rule_config(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
 
 
+def _group_hyper(group: dict[str, Any], lr: Any, beta_max: float) -> SGDHyper:
+    """The hyper-parameters of a step of ``group`` (the Triton driver's own records)."""
+    return SGDHyper(lr, group["weight_decay"], group["maximize"], _config(group, beta_max))
+
+
 def _validate(group: dict[str, Any]) -> None:
     check_lr(group["lr"])  # a tensor lr on every path, as torch.optim.SGD takes one
     _config(group)
@@ -401,12 +406,7 @@ class AMSGD(AMOptimizerBase):
                 and all(b is not None for b in momentum_buffer_list)
                 and _fused_ops.layers_op_applies(group, params, process_group)
             ):  # one graph node, which stores the betas itself
-                h = SGDHyper(
-                    hyper_lr(group["lr"], path),
-                    group["weight_decay"],
-                    group["maximize"],
-                    _config(group, beta_max),
-                )
+                h = _group_hyper(group, hyper_lr(group["lr"], path), beta_max)
                 bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
                 t = SGDTensors(params, grads, bufs, state_steps)
                 betas_state = [self.state[p]["beta"] for p in params]
@@ -449,12 +449,7 @@ class AMSGD(AMOptimizerBase):
         plan, grads = self._group_plan(group, flags)
         if plan is None:
             return False
-        h = SGDHyper(
-            as_float(group["lr"]),
-            group["weight_decay"],
-            group["maximize"],
-            _config(group, beta_max),
-        )
+        h = _group_hyper(group, as_float(group["lr"]), beta_max)
         t = SGDTensors(plan.params, grads, *plan.tensors, [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
         triton_module().triton_amsgd(t, h, amp, plan=plan.plan, state=plan.state)
@@ -756,11 +751,10 @@ def _multi_tensor_amsgd(
         else:
             pieces = [list(enumerate(zip(*lists, strict=True)))]
         parts, owner_ids = [], []
-        host = mode == "chunks" and not torch.compiler.is_compiling()
         for chunk in pieces:
             owners = [i for i, _ in chunk]
             _, gs, ds = [list(ts) for ts in zip(*(part for _, part in chunk), strict=True)]
-            if host:
+            if mode == "chunks":
                 gd = cpu_sqsums(gs + ds, kit(0, gs) + kit(1, ds))
                 torch._foreach_sub_(ds, gs)  # the buffers now hold v = d - g
                 vv = cpu_sqsums(ds, kit(0, ds))
@@ -775,7 +769,7 @@ def _multi_tensor_amsgd(
         if len(owner_ids) != len(indices):  # tensors cut into pieces: add the pieces up
             index = torch.tensor(owner_ids, device=sums.device)
             sums = sums.new_zeros(3, len(indices)).index_add_(1, index, sums)
-        buckets.append((pieces, kit, mode, op, indices, sums, host))
+        buckets.append((pieces, kit, mode, op, indices, sums))
 
     # rule: one beta per tensor (vectorised per bucket) or one over all buckets
     betas: list[Tensor] = [params[0]] * n  # placeholders, all overwritten below
@@ -789,7 +783,7 @@ def _multi_tensor_amsgd(
     # sharded scopes: add the sums of all ranks
     bucket_sums = _distributed.sync_sums(sync, bucket_sums, [b[4] for b in buckets])
     if per_layer:
-        for (*_, op, indices, _, _), sums in zip(buckets, bucket_sums, strict=True):
+        for (*_, op, indices, _), sums in zip(buckets, bucket_sums, strict=True):
             sums = scope_sums(sums, op)
             beta, gamma = _rule.momentum_beta(torch, sums, config)
             for k, b in zip(indices, beta.unbind(), strict=True):
@@ -799,14 +793,14 @@ def _multi_tensor_amsgd(
         sums = scope_sums(bucket_sums[0], scope_acc)
         beta, gamma = _rule.momentum_beta(torch, sums, config)
         betas = [beta] * n
-        for pieces, *_, op, _, _, _ in buckets:
+        for pieces, *_, op, _, _ in buckets:
             device = pieces[0][0][1][0].device
             coefs.append(gamma.to(device=device, dtype=op, non_blocking=True))
 
     # apply: d = g + gamma * v, x -= lr * d, in float32 for half precision
-    for (pieces, kit, mode, op, *_, host), coef in zip(buckets, coefs, strict=True):
+    for (pieces, kit, mode, op, *_), coef in zip(buckets, coefs, strict=True):
         host_coef: Any = None
-        if host:  # CPU values, read without a synchronisation: gamma as add's alpha
+        if mode == "chunks":  # CPU values, read without a synchronisation: add's alpha
             host_coef = coef.tolist()
         elif mode == "flat":
             coef = kit.spread(coef)

@@ -587,13 +587,6 @@ def total(parts: Sequence[Tensor]) -> Tensor:
     device = parts[0].device
     if len(parts) == 1:
         return parts[0]
-    if torch.compiler.is_compiling():
-        # added one by one: a stack of many reductions is a concatenation buffer for the
-        # compiler, which then runs the reductions of one tensor in separate loops
-        out = parts[0]
-        for p in parts[1:]:
-            out = out + p.to(device)
-        return out
     return torch.stack([p.to(device, non_blocking=True) for p in parts]).sum()
 
 

@@ -1,9 +1,10 @@
 r"""Records shared by every implementation of the AM optimizers' steps.
 
 The bottom of ``amopt.torch``: the lists and hyper-parameters a step takes, the
-gradient scaler's protocol and the dtype rules. The drivers (``_fused``, ``_triton``,
-``_fused_ops``) and the optimizer classes import them from here; nothing here imports
-another module of the package.
+gradient scaler's protocol, the dtype rules and the rule's options as plain values (what
+the ``torch.library`` operators take). The drivers (``_fused``, ``_triton``,
+``_fused_ops``, ``_traced_ops``) and the optimizer classes import them from here;
+nothing here imports another module of the package.
 """
 
 from __future__ import annotations

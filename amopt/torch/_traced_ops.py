@@ -96,16 +96,7 @@ def rule(fn: Any, sums: Tensor, config: Any, **kwargs: Any) -> Any:
     result has its shape (a tuple for the momentum rule).
     """
     family = _family(fn)
-    outs = _rule_op(
-        family,
-        sums,
-        rule_numbers(config),
-        bool(config.per_layer),
-        config.variant,
-        kwargs.get("lr"),
-        float(kwargs.get("weight_decay", 0.0)),
-    )
-    return tuple(outs) if family == "momentum" else outs[0]
+    return _shaped(family, _rule_op(family, sums, *_options(config, kwargs)))
 
 
 def roots(steps: Sequence[Tensor], beta2: float) -> Tensor:
@@ -176,15 +167,17 @@ def rule_from_sums(
     fusing some of them). Returns ``fn``'s outputs, one entry per scope.
     """
     family = _family(fn)
-    outs = _rule_from_sums_op(
-        family,
-        list(sums),
-        [float(w) for w in weights],
-        rule_numbers(config),
-        bool(config.per_layer),
-        config.variant,
-        kwargs.get("lr"),
-        float(kwargs.get("weight_decay", 0.0)),
-        dtype,
-    )
+    weights = [float(w) for w in weights]
+    options = _options(config, kwargs)
+    return _shaped(family, _rule_from_sums_op(family, list(sums), weights, *options, dtype))
+
+
+def _options(config: Any, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``numbers, per_layer, variant, lr, weight_decay``: the rule operators' options."""
+    lr, weight_decay = kwargs.get("lr"), float(kwargs.get("weight_decay", 0.0))
+    return rule_numbers(config), bool(config.per_layer), config.variant, lr, weight_decay
+
+
+def _shaped(family: str, outs: list[Tensor]) -> Any:
+    """An operator's list of outputs as the rule returns them (a tuple for momentum)."""
     return tuple(outs) if family == "momentum" else outs[0]
