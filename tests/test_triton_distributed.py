@@ -22,6 +22,8 @@ import torch.distributed as dist  # noqa: E402
 from _gloo import exit_without_teardown, init_rank, spawn  # noqa: E402
 from test_torch_distributed import (  # noqa: E402
     BATCH,
+    HYPER,
+    N_STEPS,
     OPTIMIZERS,
     _fsdp,
     _full_params,
@@ -47,12 +49,17 @@ CONFIGS = {
     "fsdp2-AMSGD-global": ("AMSGD", {"per_layer": False}),
     "tp-AMAdamW-layer": ("AMAdamW", {"per_layer": True}),
     "tp-nobias-AMSGD-global": ("AMSGD", {"per_layer": False}),
+    # plain tensors, each rank stepping its partition: the global scope combined over the
+    # process group that ZeroRedundancyOptimizer uses
+    "zero-AMAdamW-global": ("AMAdamW", {"per_layer": False}),
+    "zero-AMSGD-global": ("AMSGD", {"per_layer": False}),
 }
 
 
-def _triton_everywhere() -> list[bool]:
+def _triton_everywhere() -> list[tuple[bool, bool]]:
     """Make the default path the Triton one on CPU tensors; record, per call of the
-    Triton driver, whether it combined sums across ranks."""
+    Triton driver, whether it combined sums across ranks and whether it ran on the
+    group's plan (the optimizers' planned step)."""
     os.environ["TRITON_INTERPRET"] = "1"
     from amopt.torch import _amadamw, _amsgd, _common
     from amopt.torch import _triton as tri
@@ -66,13 +73,14 @@ def _triton_everywhere() -> list[bool]:
 
     for module in (_common, _amsgd, _amadamw):
         module.default_path = default_path
-    synced: list[bool] = []
+    synced: list[tuple[bool, bool]] = []
     for name in ("triton_amsgd", "triton_am_adamw"):
         fn = getattr(tri, name)
 
         def spy(*args, _fn=fn, **kwargs):
             sync = kwargs.get("sync")
-            synced.append(sync is not None and bool(sync.needs_collective))
+            combined = sync is not None and bool(sync.needs_collective)
+            synced.append((combined, kwargs.get("plan") is not None))
             return _fn(*args, **kwargs)
 
         setattr(tri, name, spy)
@@ -90,19 +98,32 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         for name, (opt, kw) in CONFIGS.items():
             del synced[:]
             try:
+                local = None
                 if name.startswith("fsdp2"):
                     model = _fsdp(_mlp(), mesh)
                     optimizer = OPTIMIZERS[opt](model.parameters(), **kw)
                     _train(model, optimizer, _rows(rank))
+                elif name.startswith("zero"):
+                    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                    model = _mlp()
+                    ddp = torch.nn.parallel.DistributedDataParallel(model)
+                    cls, hyper = HYPER[opt]
+                    optimizer = ZeroRedundancyOptimizer(
+                        model.parameters(), optimizer_class=cls, **{**hyper, **kw}
+                    )
+                    _train(model, optimizer, _rows(rank), ddp)
+                    local = optimizer.optim
                 else:
                     kind = _tp_kind(name)
                     model, forward = _shard_tp(_tp_model(kind), kind, mesh)
                     optimizer = OPTIMIZERS[opt](model.parameters(), **kw)
                     _train(model, optimizer, slice(0, BATCH), forward, outputs=2)
+                state = (local or optimizer).state
                 betas = {
-                    n: float(optimizer.state[p]["beta"])
+                    n: float(state[p]["beta"])
                     for n, p in model.named_parameters()
-                    if "beta" in optimizer.state.get(p, {})
+                    if "beta" in state.get(p, {})
                 }
                 res = {"params": _full_params(model), "betas": betas, "synced": list(synced)}
             except Exception:  # reported by the test of this configuration
@@ -138,10 +159,17 @@ def test_triton_step_on_sharded_scopes_matches_one_process(ranks, name):
     for rank, result in enumerate(ranks):
         assert "error" not in result[name], f"rank {rank}:\n{result[name]['error']}"
         got = result[name]
-        # every step ran the Triton driver with the sums combined across the ranks
-        assert got["synced"] and all(got["synced"]), got["synced"]
-        assert got["betas"].keys() == ref["betas"].keys()
-        for key, beta in ref["betas"].items():
-            assert got["betas"][key] == pytest.approx(beta, rel=1e-10, abs=1e-12), key
+        # every step ran the Triton driver with the sums combined across the ranks, and
+        # every step after the first on the group's plan (no per-tensor work per step)
+        calls = got["synced"]
+        assert len(calls) == N_STEPS, calls
+        assert all(combined for combined, _ in calls), calls
+        assert [planned for _, planned in calls] == [False] + [True] * (N_STEPS - 1), calls
+        if name.startswith("zero"):  # each rank holds the state of its partition
+            assert got["betas"] and got["betas"].keys() <= ref["betas"].keys()
+        else:
+            assert got["betas"].keys() == ref["betas"].keys()
+        for key, beta in got["betas"].items():
+            assert beta == pytest.approx(ref["betas"][key], rel=1e-10, abs=1e-12), key
         for key, value in ref["params"].items():
             torch.testing.assert_close(got["params"][key], value, rtol=1e-10, atol=1e-12)

@@ -446,8 +446,16 @@ class AMAdamW(AMOptimizerBase):
             self._store_state(
                 group, params, [("beta", betas, skip), ("beta1_prod", new_prods, None)]
             )
-            if path == "triton" and process_group is None:
-                self._keep_group_plan("adam", group, flags, params, grads, [exp_avgs, exp_avg_sqs])
+            if path == "triton":
+                buffers = [exp_avgs, exp_avg_sqs]
+                local = _distributed.plan_locals(
+                    params,
+                    grads,
+                    buffers,
+                    per_layer=group["per_layer"],
+                    process_group=process_group,
+                )
+                self._keep_group_plan("adam", group, flags, params, grads, buffers, local)
         return loss
 
     def _planned_step(self, group: dict[str, Any], flags: tuple) -> bool:
@@ -458,9 +466,11 @@ class AMAdamW(AMOptimizerBase):
         beta1, beta2 = (as_float(b) for b in group["betas"])
         check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)
         h = _group_hyper(group, as_float(group["lr"]), beta2)
-        t = AdamTensors(plan.params, grads, *plan.tensors, [], [])
+        t = AdamTensors(plan.local_params, grads, *plan.tensors, [], [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
-        triton_module().triton_am_adamw(t, h, amp, plan=plan.plan, state=plan.state)
+        triton_module().triton_am_adamw(
+            t, h, amp, plan=plan.plan, state=plan.state, sync=plan.sync
+        )
         return True
 
 

@@ -439,9 +439,16 @@ class AMSGD(AMOptimizerBase):
             for p, buf in zip(params, momentum_buffer_list, strict=True):
                 self.state[p]["momentum_buffer"] = buf
             self._store_state(group, params, [("beta", betas, InfSkip(found_inf, ()))])
-            if path == "triton" and process_group is None:
+            if path == "triton":
                 bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
-                self._keep_group_plan("sgd", group, flags, params, grads, [bufs])
+                local = _distributed.plan_locals(
+                    params,
+                    grads,
+                    [bufs],
+                    per_layer=group["per_layer"],
+                    process_group=process_group,
+                )
+                self._keep_group_plan("sgd", group, flags, params, grads, [bufs], local)
         return loss
 
     def _planned_step(self, group: dict[str, Any], flags: tuple, beta_max: float) -> bool:
@@ -450,9 +457,9 @@ class AMSGD(AMOptimizerBase):
         if plan is None:
             return False
         h = _group_hyper(group, as_float(group["lr"]), beta_max)
-        t = SGDTensors(plan.params, grads, *plan.tensors, [])
+        t = SGDTensors(plan.local_params, grads, *plan.tensors, [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
-        triton_module().triton_amsgd(t, h, amp, plan=plan.plan, state=plan.state)
+        triton_module().triton_amsgd(t, h, amp, plan=plan.plan, state=plan.state, sync=plan.sync)
         return True
 
 

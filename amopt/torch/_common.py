@@ -810,14 +810,6 @@ class InfSkip:
 # --------------------------------------------------------------------------- optimizer base
 
 
-def _dtensor_type() -> type | None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without torch.distributed
-        return None
-    return DTensor
-
-
 def _same_kind(old: Any, new: Tensor) -> bool:
     return (
         isinstance(old, Tensor)
@@ -869,16 +861,22 @@ class AMOptimizerBase(Optimizer):
         params: list[Tensor],
         grads: list[Tensor],
         buffers: list[list[Tensor]],
+        local: tuple | None = None,
     ) -> None:
-        """After a Triton step of an unsharded group: plan its next steps (see
-        ``amopt.torch._triton.group_plan``), moving its 0-d state into group tensors."""
+        """After a Triton step of a group: plan its next steps (see
+        ``amopt.torch._triton.group_plan``), moving its 0-d state into group tensors.
+
+        ``local``: for a sharded group, what ``amopt.torch._distributed.plan_locals``
+        returned (its local tensors and how later steps find them).
+        """
         if torch.compiler.is_compiling():
             return
-        dtensor = _dtensor_type()
-        if dtensor is not None and any(isinstance(p, dtensor) for p in params):
-            return
         mod = triton_module()
-        plan = mod.group_plan(kind, self.state, group, flags, params, grads, buffers)
+        sharded = None
+        if local is not None:
+            local_params, local_grads, buffers, sync, grads_of, param_of = local
+            sharded = mod.Sharded(local_params, local_grads, grads_of, param_of, sync)
+        plan = mod.group_plan(kind, self.state, group, flags, params, grads, buffers, sharded)
         if plan is not None:
             self.__dict__.setdefault("_am_plans", {})[id(group)] = plan
 

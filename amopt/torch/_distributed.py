@@ -44,6 +44,7 @@ __all__ = [
     "comm_stats",
     "join_empty",
     "localize",
+    "plan_locals",
     "scope_group",
     "store_new_states",
     "sync_sums",
@@ -456,6 +457,43 @@ def localize(
     if not sync.needs_collective:
         sync = None
     return (local_params, local_grads, *local_states, sync)
+
+
+def plan_locals(
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffers: list[list[Tensor]],
+    *,
+    per_layer: bool,
+    process_group: Any = None,
+) -> tuple | None:
+    """What a planned step of a sharded group needs (see ``amopt.torch._triton.Sharded``).
+
+    ``None`` for a group with neither DTensors nor a scope combined over ranks (it is
+    planned on its own tensors). Otherwise ``(local_params, local_grads,
+    local_buffers, sync, local_grads_of, local_param_of)``: the local tensors of
+    this step (:func:`localize`), its :class:`ScopeSync` (``None`` where no scope has
+    pieces on other ranks), and the two functions a later step finds its local
+    tensors with (the same checks as :func:`localize`, done on the gradients only
+    when they are new tensors).
+    """
+    local_params, local_grads, *local_buffers, sync = localize(
+        params, grads, *buffers, per_layer=per_layer, process_group=process_group
+    )
+    if local_params is params and sync is None:
+        return None
+    dtensor = _dtensor_type()
+
+    def local_grads_of(ps: list[Tensor], gs: list[Tensor]) -> list[Tensor]:
+        pairs = enumerate(zip(gs, ps, strict=True))
+        return [_local(i, g, p, "gradient", dtensor) for i, (g, p) in pairs]
+
+    def local_param_of(p: Tensor) -> Tensor:
+        # ``to_local()`` without autograd is the DTensor's own local tensor (of a
+        # Parameter, a new view of it at each call); its address is what is checked
+        return p._local_tensor if dtensor is not None and isinstance(p, dtensor) else p
+
+    return local_params, local_grads, local_buffers, sync, local_grads_of, local_param_of
 
 
 def store_new_states(

@@ -34,7 +34,9 @@ optimizers keep one :class:`GroupPlan` per param group: their per-parameter ``st
 (:class:`GroupState`), so that a step is a fixed number of launches and small
 device operations whatever the number of tensors, and no host-to-device copy
 (gradients reallocated by ``zero_grad()`` cost a comparison of their addresses and,
-where they moved, one asynchronous copy of the rewritten address tables). Host data
+where they moved, one asynchronous copy of the rewritten address tables). Sharded
+groups are planned over their local tensors, and their steps add the sums of each
+scope over its ranks between the reduce and the rule. Host data
 a step needs on the device (address tables when a plan is built, host step
 counters) is copied from page-locked memory without blocking.
 Under ``torch.compile`` the drivers run inside the custom operators of
@@ -1442,6 +1444,13 @@ class GroupPlan:
     elsewhere, a parameter without its gradient, a non-contiguous gradient, a
     changed param group) returns ``None`` and the optimizer takes its general step,
     which builds a new plan.
+
+    Sharded groups (``DTensor`` parameters of FSDP2 or tensor parallelism, or plain
+    partitions combined over a process group) are planned the same way over the
+    local tensors: ``sharded`` (:class:`Sharded`) says how a step finds its local
+    gradients and holds the group's ``ScopeSync`` (``amopt.torch._distributed``),
+    with which the step adds the sums of each scope over its ranks between the
+    reduce and the rule.
     """
 
     __slots__ = (
@@ -1450,10 +1459,12 @@ class GroupPlan:
         "grads_seen",
         "group_params",
         "idle",
+        "local_grads",
         "n_group",
         "param_ptrs",
         "params",
         "plan",
+        "sharded",
         "state",
         "tensors",
     )
@@ -1467,48 +1478,96 @@ class GroupPlan:
         tensors: tuple,
         plan: Plan,
         state: GroupState,
+        sharded: Sharded | None = None,
     ) -> None:
         self.flags = flags
         self.group_params = group_params
         self.n_group = len(group_params)
         self.params = params
         self.idle = [p for p in group_params if all(p is not q for q in params)]
+        self.sharded = sharded
         self.grads_seen = list(grads)
-        self.param_ptrs = [p.data_ptr() for p in params]
-        self.grad_ptrs = [g.data_ptr() for g in grads]
+        self.local_grads = list(grads) if sharded is None else sharded.local_grads
+        self.param_ptrs = self._param_ptrs()
+        self.grad_ptrs = [g.data_ptr() for g in self.local_grads]
         self.tensors = tensors
         self.plan = plan
         self.state = state
 
+    @property
+    def sync(self) -> Any:
+        """The ``ScopeSync`` of a sharded group (``None``: every scope is local)."""
+        return None if self.sharded is None else self.sharded.sync
+
+    @property
+    def local_params(self) -> list[Tensor]:
+        """The tensors the kernels update: the parameters, or their local pieces."""
+        return self.params if self.sharded is None else self.sharded.local_params
+
+    def _param_ptrs(self) -> list[int] | None:
+        if self.sharded is None:
+            return [p.data_ptr() for p in self.params]
+        return self.sharded.param_ptrs(self.params)
+
     def grads(self, group: dict[str, Any], flags: tuple) -> list[Tensor] | None:
-        """This step's gradients if the plan still describes the group, else ``None``."""
+        """This step's (local) gradients if the plan still describes the group, else ``None``."""
         if flags != self.flags or group["params"] is not self.group_params:
             return None
         if len(self.group_params) != self.n_group:
             return None
         grads = [p.grad for p in self.params]
-        if [p.data_ptr() for p in self.params] != self.param_ptrs:
+        if self._param_ptrs() != self.param_ptrs:
             return None
         for p in self.idle:
             if p.grad is not None:
                 return None
         if not all(map(operator.is_, grads, self.grads_seen)):
             try:  # data_ptr raises for None and for sparse layouts (no storage)
-                ptrs = list(map(Tensor.data_ptr, grads))
-                if not all(map(Tensor.is_contiguous, grads)):
+                local = grads if self.sharded is None else self.sharded.grads(self.params, grads)
+                if local is None:
                     return None
-            except (AttributeError, RuntimeError, TypeError):
+                ptrs = list(map(Tensor.data_ptr, local))
+                if not all(map(Tensor.is_contiguous, local)):
+                    return None
+            except (AttributeError, RuntimeError, TypeError, ValueError):
                 return None
             if ptrs != self.grad_ptrs:
                 # gradients allocated elsewhere (autograd gives them the parameters' shape
                 # and dtype): their column of the address tables is rewritten in place
                 if not rebind(self.plan, 1, ptrs):
                     self.plan = build_plan(
-                        [self.params, grads, *self.tensors], self.plan.per_layer, self.plan.wide
+                        [self.local_params, local, *self.tensors],
+                        self.plan.per_layer,
+                        self.plan.wide,
                     )
                 self.grad_ptrs = ptrs
             self.grads_seen = grads
-        return grads
+            self.local_grads = local
+        return self.local_grads
+
+
+@dataclasses.dataclass(eq=False)
+class Sharded:
+    """How a sharded group's planned step reaches its local tensors (see :class:`GroupPlan`).
+
+    ``local_params`` and ``local_grads``: the local tensors of the step the plan was
+    built after; ``local_of_grads(params, grads)``: this step's local gradients
+    (``None`` where one is not laid out as its parameter); ``local_of_param(p)``: the
+    tensor that holds ``p``'s local piece, whose address is checked at every step;
+    ``sync``: the group's ``ScopeSync`` or ``None``.
+    """
+
+    local_params: list[Tensor]
+    local_grads: list[Tensor]
+    local_of_grads: Any
+    local_of_param: Any
+    sync: Any
+
+    def param_ptrs(self, params: list[Tensor]) -> list[int]:
+        return [self.local_of_param(p).data_ptr() for p in params]
+
+    def grads(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor] | None:
+        return self.local_of_grads(params, grads)
 
 
 def group_plan(
@@ -1519,18 +1578,23 @@ def group_plan(
     params: list[Tensor],
     grads: list[Tensor],
     buffers: list[list[Tensor]],
+    sharded: Sharded | None = None,
 ) -> GroupPlan | None:
     """The :class:`GroupPlan` of a group that has just stepped on the Triton path.
 
     ``kind``: ``"sgd"`` (``buffers``: the momentum buffers) or ``"adam"``
     (``exp_avgs, exp_avg_sqs``). ``None`` where the tensors do not qualify (see
-    :func:`available`).
+    :func:`available`). A sharded group gives its local tensors: ``buffers`` and
+    ``sharded.local_params``, ``sharded.local_grads`` (see :class:`Sharded`).
     """
-    if not params or available([*params, *grads, *(t for col in buffers for t in col)]):
+    local_params = params if sharded is None else sharded.local_params
+    local_grads = grads if sharded is None else sharded.local_grads
+    tensors = [local_params, local_grads, *buffers]
+    if not params or available([t for col in tensors for t in col]):
         return None
     per_layer = bool(group["per_layer"])
     with torch.no_grad():
-        plan = build_plan([params, grads, *buffers], per_layer, wide=kind == "sgd")
+        plan = build_plan(tensors, per_layer, wide=kind == "sgd")
         device = plan.device
         states = [optimizer_state[p] for p in params]
         steps = torch.stack([s["step"].detach().reshape(()).to(device) for s in states])
@@ -1568,4 +1632,5 @@ def group_plan(
         tuple(buffers),
         plan,
         GroupState(steps, prods, betas),
+        sharded,
     )
