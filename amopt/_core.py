@@ -433,10 +433,16 @@ def _flat(xp: Any, a: Array) -> Array:
 
 
 def _host_rule(rule: Any, sums: Any, k: int, config: AMConfig, **kwargs: Any) -> Any:
-    """``rule`` on the host: ``sums`` (read floats, ``k`` per scope) as a float64 NumPy array."""
+    """``rule`` on the host: ``sums`` (read floats, ``k`` per scope) as a float64 NumPy array.
+
+    The namespace is ``numpy`` itself: the rule's few functions (``where``, ``clip``,
+    ``isnan``, ``finfo``, ``*_like``) are NumPy's own there, without the compat layer's
+    wrappers, which cost as much again on arrays of a few elements (once per iteration
+    of the device loop).
+    """
     host = np.asarray(sums, dtype=np.float64).reshape(-1, k)
     with np.errstate(all="ignore"):  # a NaN from overflowing sums is the rule's to handle
-        return rule(array_namespace(host), host, config, **kwargs)
+        return rule(np, host, config, **kwargs)
 
 
 def _exact(numerator: str, f_prev: Any) -> bool:

@@ -210,3 +210,24 @@ def test_json_is_written_after_every_row(monkeypatch, tmp_path):
     assert seen["complete"] is False and [r["key"] for r in seen["rows"]] == ["first"]
     final = json.loads(out.read_text())
     assert final["complete"] is True and [r["key"] for r in final["rows"]] == ["first", "second"]
+
+
+def test_am_sgd_row_counts_the_iterations_not_the_full_evaluation(numpy_as_cupy, monkeypatch):
+    """The row's time per iteration leaves out the full evaluation that ends a mini-batch
+    run: made 0.2 s slower, it changes neither side's figure by that much."""
+    from amopt.problems import LogisticRegression
+
+    row = next(r for r in _gpu.ROWS if r.key == "gpu-am-sgd-256")
+    settings = Settings(repeat=3, quick=True)
+    base = row.measure(settings)
+    full = LogisticRegression.value_and_grad
+
+    def slow_full(self, x):
+        time.sleep(0.2)
+        return full(self, x)
+
+    monkeypatch.setattr(LogisticRegression, "value_and_grad", slow_full)
+    slowed = row.measure(settings)
+    # 0.2 s over the row's 10 iterations would add 20 ms per iteration
+    assert slowed.a < base.a + 5.0 and slowed.b < base.b + 5.0, (base, slowed)
+    assert "timed apart" in slowed.note

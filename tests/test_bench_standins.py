@@ -18,6 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_bench_suite import STANDIN_TARGETS  # noqa: E402
+
 from amopt.bench import _cli, _host, _standins, cases  # noqa: E402
 from amopt.bench._records import Settings  # noqa: E402
 
@@ -177,26 +179,9 @@ def test_layouts_hold_gpt2_small_in_148_and_1480_tensors():
 
 
 def test_standin_rows_carry_the_targets():
-    targets = {r.key: r.target for r in _standins.ROWS}
-    assert targets == {
-        "triton-host-adamw": 1.0,
-        "triton-host-adamw-1480": 3.0,
-        "triton-host-amsgd": 1.0,
-        "triton-host-amsgd-1480": 3.0,
-        "foreach-ops": 1.0,
-        "foreach-ops-1480": 1.0,
-        "minimize-syncs": 1.0,
-        "minimize-ops": 1.0,
-        "minimize-bytes-mgd": 1.1,
-        "minimize-bytes-am-mgd": 1.3,
-    }
+    assert {r.key: r.target for r in _standins.ROWS} == STANDIN_TARGETS
     cli = {r.key: r.target for r in _cli.ROWS}
-    # the fused per-layer target is the step over its own memory-traffic floor
-    assert cli["adamw-layers"] is None and cli["adamw-layers-over-floor"] == 1.25
-    assert cli["amsgd-foreach"] == 2.0 and cli["adamw-foreach"] == 2.0
-    for key in ("adamw-single-compiled", "adamw-foreach-compiled", "amsgd-single-compiled",
-                "amsgd-foreach-compiled"):  # fmt: skip
-        assert cli[key] == 1.6
+    assert {k: cli[k] for k in STANDIN_TARGETS} == STANDIN_TARGETS
 
 
 def _row(rows, key):

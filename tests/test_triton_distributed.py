@@ -56,23 +56,19 @@ CONFIGS = {
 }
 
 
+_HELD: list = []
+
+
 def _triton_everywhere() -> list[tuple[bool, bool]]:
     """Make the default path the Triton one on CPU tensors; record, per call of the
     Triton driver, whether it combined sums across ranks and whether it ran on the
     group's plan (the optimizers' planned step)."""
-    os.environ["TRITON_INTERPRET"] = "1"
-    from amopt.torch import _amadamw, _amsgd, _common
+    from amopt.bench._host import triton_on_cpu
     from amopt.torch import _triton as tri
 
-    original = _common.default_path
-
-    def default_path(params, grads, *, fused, foreach):
-        if fused or (fused is None and foreach is None):  # fused=True on the CPU here
-            return "triton", None
-        return original(params, grads, fused=fused, foreach=foreach)
-
-    for module in (_common, _amsgd, _amadamw):
-        module.default_path = default_path
+    # for the rest of this process (held: a collected context manager would undo itself)
+    _HELD.append(triton_on_cpu(stub=False))
+    _HELD[-1].__enter__()
     synced: list[tuple[bool, bool]] = []
     for name in ("triton_amsgd", "triton_am_adamw"):
         fn = getattr(tri, name)

@@ -19,7 +19,8 @@ pytest.importorskip("triton")
 from torch._dynamo.utils import counters  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from amopt.torch import AMSGD, AMAdamW, _amadamw, _amsgd, _common  # noqa: E402
+from amopt.bench._host import triton_on_cpu  # noqa: E402
+from amopt.torch import AMSGD, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
 
 KERNELS = ("sgd_reduce", "sgd_apply", "adam_reduce", "adam_apply", "segment_sum")
@@ -33,22 +34,15 @@ CASES = [
 
 @pytest.fixture(autouse=True)
 def triton_path(monkeypatch):
-    """The default path is the Triton one (on CPU tensors, in the interpreter)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    """The default path is the Triton one (on CPU tensors, in the interpreter), chosen
+    where a CUDA group would choose it (``amopt.bench._host.triton_on_cpu``)."""
     monkeypatch.setattr(tri, "BLOCK", 16)
     monkeypatch.setattr(tri, "CHUNK", 32)
     monkeypatch.setattr(tri, "SEGMENT_ROWS", 4)
-    if tri.available([torch.zeros(1)]) is not None:
-        pytest.skip(tri.available([torch.zeros(1)]))
-    original = _common.default_path
-
-    def default_path(params, grads, *, fused, foreach):
-        if fused or (fused is None and foreach is None):  # fused=True on the CPU here
-            return "triton", None
-        return original(params, grads, fused=fused, foreach=foreach)
-
-    for module in (_common, _amsgd, _amadamw):
-        monkeypatch.setattr(module, "default_path", default_path)
+    with triton_on_cpu(stub=False):
+        if tri.available([torch.zeros(1)]) is not None:
+            pytest.skip(tri.available([torch.zeros(1)]))
+        yield
 
 
 class _Launches:

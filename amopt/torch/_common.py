@@ -708,9 +708,13 @@ def default_path(
         raise RuntimeError(
             "`fused` and `foreach` cannot be `True` together; got fused=True, foreach=True"
         )
-    # the usual group is checked with as few tensor attributes as possible: this runs every step
-    cpu = all(p.is_cpu for p in params)
-    devices = {"cpu"} if cpu else {p.device.type for p in params}
+    # the usual group is checked with as few tensor attributes as possible: this runs every
+    # eager step; Dynamo folds ``device`` into the trace but records each ``is_cpu``
+    if torch.compiler.is_compiling():
+        devices = {p.device.type for p in params}
+    else:
+        cpu = all(p.is_cpu for p in params)
+        devices = {"cpu"} if cpu else {p.device.type for p in params}
     if fused:
         return ("triton" if devices == {"cuda"} else "fused"), None
     if fused is not None or foreach is not None:

@@ -106,8 +106,14 @@ def _triton_import_error() -> str | None:
     return None
 
 
+@torch.compiler.assume_constant_result
 def _interpret() -> bool:
-    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``)."""
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``).
+
+    A constant of a compiled graph: newer Triton reads the variable in C++, which
+    Dynamo cannot trace, and the optimizers ask (through :func:`available`) while
+    ``torch.compile`` traces their step.
+    """
     if _triton_import_error() is not None:
         return False
     try:
