@@ -13,7 +13,8 @@ The functions here are branch-free on array values (no ``if`` on an array, no
 conversion to a Python number): they run on NumPy, CuPy, torch (inside
 ``torch.compile`` and on the device) and array-api-strict alike. ``xp`` is the
 array namespace of ``sums``: a compat namespace, ``array_api_strict``, the plain
-``torch`` module or ``numpy`` itself (the device loop's rule on host floats). Configuration values (``cfg``) are Python numbers.
+``torch`` module or ``numpy`` itself (the device loop's rule on host floats).
+Configuration values (``cfg``) are Python numbers.
 
 Sums of one scope sit in the last axis of ``sums``, in the order of
 :data:`MOMENTUM_SUMS` or :data:`ADAM_SUMS`; leading axes index scopes, so one

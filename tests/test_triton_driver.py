@@ -308,6 +308,37 @@ def test_functional_step_rewrites_the_addresses_of_new_gradients(per_layer, monk
     monkeypatch.setattr(tri, "build_plan", build_plan)
 
 
+def test_functional_step_checks_what_its_cached_plan_cannot_see(monkeypatch):
+    """The unplanned driver skips its per-tensor checks for the tensors of a cached plan
+    (same addresses, sizes and dtypes); a tensor at a known address that is now of
+    another dtype, or not contiguous, still gets the checks' error."""
+    from amopt._config import AMConfig
+    from amopt.torch._records import AdamHyper, AdamTensors
+
+    _stub_kernels(monkeypatch)
+    params = [torch.zeros(4, 4) for _ in range(3)]
+    grads = [torch.ones(4, 4) for _ in range(3)]
+    state = (
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros(()) for _ in params],
+        [torch.ones((), dtype=torch.float64) for _ in params],
+    )
+    h = AdamHyper(1e-3, 0.999, 1e-8, 0.0, "decoupled", False, AMConfig(beta_max=0.9))
+    tri.triton_am_adamw(AdamTensors(params, grads, *state), h)
+    available = tri.available
+    monkeypatch.setattr(tri, "available", None)  # the cached plan's step checks nothing else
+    tri.triton_am_adamw(AdamTensors(params, grads, *state), h)
+    monkeypatch.setattr(tri, "available", available)
+    as_int = [grads[0].view(torch.int32), *grads[1:]]  # same address, size and shape
+    with pytest.raises(ValueError, match=r"grads\[0\] has shape \(4, 4\) and dtype torch.int32"):
+        tri.triton_am_adamw(AdamTensors(params, as_int, *state), h)
+    transposed = [grads[0].t(), *grads[1:]]  # same address and size, not contiguous
+    with pytest.raises(ValueError, match="non-contiguous"):
+        tri.triton_am_adamw(AdamTensors(params, transposed, *state), h)
+    assert [float(s) for s in state[2]] == [2.0] * len(params)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 

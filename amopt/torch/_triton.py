@@ -837,14 +837,11 @@ def rebind(plan: Plan, column: int, ptrs: Sequence[int]) -> bool:
 _BY_STATE: dict[tuple, tuple[tuple, Plan]] = {}
 
 
-def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
-    """:func:`build_plan`, cached by the tensors' addresses, sizes and dtypes.
-
-    A step whose gradients (``columns[1]``) are new tensors at new addresses, the other
-    tensors where they were (``zero_grad()``, or sharded gradients reduced anew at every
-    step), takes the plan of the previous step with its gradient addresses rewritten
-    (:func:`rebind`) rather than a new one.
-    """
+def _plan_keys(
+    columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool
+) -> tuple[tuple, tuple, list[tuple[int, ...]]]:
+    """The key of a plan in ``_PLANS``, the key without the gradients' addresses (in
+    ``_BY_STATE``), and the addresses of each column."""
     params = columns[0]
     shape = (
         params[0].device,
@@ -855,10 +852,21 @@ def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = Fal
     )
     ptrs = [tuple(map(Tensor.data_ptr, col)) for col in columns]
     key = (*shape, tuple(ptr for col in ptrs for ptr in col))
+    return key, (*shape, ptrs[0], *ptrs[2:]), ptrs
+
+
+def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False) -> Plan:
+    """:func:`build_plan`, cached by the tensors' addresses, sizes and dtypes.
+
+    A step whose gradients (``columns[1]``) are new tensors at new addresses, the other
+    tensors where they were (``zero_grad()``, or sharded gradients reduced anew at every
+    step), takes the plan of the previous step with its gradient addresses rewritten
+    (:func:`rebind`) rather than a new one.
+    """
+    key, rest, ptrs = _plan_keys(columns, per_layer, wide)
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
-    rest = (*shape, ptrs[0], *ptrs[2:])
     known = _BY_STATE.get(rest)
     if known is not None and len(columns) > 1:
         old_key, plan = known
@@ -869,6 +877,34 @@ def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = Fal
             return plan
     plan = _remember(_PLANS, key, build_plan(columns, per_layer, wide))
     _remember(_BY_STATE, rest, (key, plan))
+    return plan
+
+
+def _checked_plan(
+    columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = False
+) -> Plan | None:
+    """The cached plan of exactly these tensors, or ``None``: the step's fast check.
+
+    A plan is cached only after its tensors passed the driver's checks; the same
+    addresses with the same sizes and dtypes of the parameters, every column in the
+    parameters' dtypes and contiguous, are those tensors again (a tensor of another
+    shape at the same address and size is a view of the same memory, which the kernels
+    read flat). What this does per tensor runs in C (addresses, contiguity) but for
+    reading the dtypes; the full checks (:func:`available`) run where this misses.
+    """
+    try:  # data_ptr raises for tensors without storage (sparse): the full checks say why
+        key, _, _ = _plan_keys(columns, per_layer, wide)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    plan = _PLANS.get(key)
+    if plan is None:
+        return None
+    dtypes = [p.dtype for p in columns[0]]
+    for col in columns:
+        if not all(map(Tensor.is_contiguous, col)):
+            return None
+        if col is not columns[0] and [t.dtype for t in col] != dtypes:
+            return None
     return plan
 
 
@@ -957,20 +993,32 @@ def _upload(t: Tensor, device: torch.device) -> Tensor:
     return staged.to(device, non_blocking=True)
 
 
-def _stacked_steps(state_steps: Sequence[Tensor], device: torch.device) -> Tensor:
-    """The step counters (before this step) as one float64 tensor on ``device``.
+def _stacked(values: Sequence[Tensor], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """One-element tensors (0-d as the optimizers keep them) as one ``(n,)`` tensor of
+    ``dtype`` on ``device``.
 
-    Host counters (as the optimizers keep them without ``capturable``) are stacked on
-    the host and uploaded in one asynchronous copy (:func:`_upload`), not one blocking
-    copy per counter.
+    Values on the host (step counters without ``capturable``) are stacked there and
+    uploaded in one asynchronous copy (:func:`_upload`), not one blocking copy each;
+    0-d values on one device take one ``stack``, with no operation per value.
     """
-    flat = [s.detach().reshape(()) for s in state_steps]
-    devices = {s.device for s in flat}
-    if devices == {device}:
-        return torch.stack(flat).to(torch.float64)
-    if len(devices) == 1:
-        return _upload(torch.stack(flat).to(torch.float64), device)
-    return torch.stack([s.to(device) for s in flat]).to(torch.float64)
+    try:
+        stacked = torch.stack(values)  # 0-d values: (n,)
+    except RuntimeError:  # shapes differ (a (1,) value among 0-d ones)
+        stacked = None
+    if stacked is None or stacked.dim() != 1:
+        flat = [v.detach().reshape(()) for v in values]
+        devices = {v.device for v in flat}
+        if len(devices) > 1:
+            return torch.stack([v.to(device) for v in flat]).to(dtype)
+        stacked = torch.stack(flat)
+    if stacked.device == device:
+        return stacked.to(dtype)
+    return _upload(stacked.to(dtype), device)
+
+
+def _stacked_steps(state_steps: Sequence[Tensor], device: torch.device) -> Tensor:
+    """The step counters (before this step) as one float64 tensor on ``device``."""
+    return _stacked(state_steps, device, torch.float64)
 
 
 def _count_step(state_steps: Sequence[Tensor], found_inf: Tensor | None) -> None:
@@ -1182,15 +1230,19 @@ def triton_amsgd(
     n = len(params)
     if n == 0:
         return []
-    _check_like(name, params, grads=grads, momentum_buffer_list=momentum_buffer_list)
-    _require(name, [*params, *grads, *(b for b in momentum_buffer_list if b is not None)])
+    new = [b is None for b in momentum_buffer_list]
+    plan = None
+    if not any(new):
+        plan = _checked_plan([params, grads, momentum_buffer_list], h.config.per_layer, True)
+    if plan is None:
+        _check_like(name, params, grads=grads, momentum_buffer_list=momentum_buffer_list)
+        _require(name, [*params, *grads, *(b for b in momentum_buffer_list if b is not None)])
     device = params[0].device
     amp = Scaler(
         _scaler_tensor("grad_scale", grad_scale, device),
         _scaler_tensor("found_inf", found_inf, device),
     )
     with torch.no_grad():
-        new = [b is None for b in momentum_buffer_list]
         for i in range(n):
             if new[i]:
                 momentum_buffer_list[i] = torch.zeros_like(params[i])
@@ -1199,7 +1251,8 @@ def triton_amsgd(
             fresh = fresh | _upload(torch.tensor(new), device)
         fresh = fresh.to(torch.float64)
         bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
-        plan = _plan([params, grads, bufs], h.config.per_layer, wide=True)
+        if plan is None:
+            plan = _plan([params, grads, bufs], h.config.per_layer, wide=True)
         rule = _sgd_core(plan, fresh, h, amp, sync)
         _count_step(state_steps, amp.found_inf)
         return _per_tensor([beta for beta, _ in rule], plan, h.config.per_layer)
@@ -1404,17 +1457,21 @@ def triton_am_adamw(
     n = len(params)
     if n == 0:
         return [], []
-    _check_like(name, params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs)
-    _require(name, [*params, *grads, *exp_avgs, *exp_avg_sqs])
+    columns = [params, grads, exp_avgs, exp_avg_sqs]
+    plan = _checked_plan(columns, h.config.per_layer)
+    if plan is None:
+        _check_like(name, params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs)
+        _require(name, [*params, *grads, *exp_avgs, *exp_avg_sqs])
     device = params[0].device
     amp = Scaler(
         _scaler_tensor("grad_scale", grad_scale, device),
         _scaler_tensor("found_inf", found_inf, device),
     )
     with torch.no_grad():
-        plan = _plan([params, grads, exp_avgs, exp_avg_sqs], h.config.per_layer)
+        if plan is None:
+            plan = _plan(columns, h.config.per_layer)
         prods = [
-            torch.stack([beta1_prods[i].detach().reshape(()).to(device, acc) for i in rows])
+            _stacked([beta1_prods[i] for i in rows], device, acc)
             for rows, (acc, *_) in zip(plan.rows, plan.arrays, strict=True)
         ]
         steps = _stacked_steps(state_steps, device)
