@@ -283,10 +283,18 @@ class TritonHostCase:
     dtype : str
         Of the parameters, gradients and state (``"bfloat16"``: half the memory
         of ``"float32"``; the kernels would read either).
+    compiled : bool
+        Step with ``torch.compile(optimizer.step, fullgraph=True)`` (compiled at the
+        first step): the driver then runs inside the ``amopt::triton_*`` operator.
     """
 
     def __init__(
-        self, optimizer: str, shapes: list[tuple[int, ...]], dtype: str = "bfloat16"
+        self,
+        optimizer: str,
+        shapes: list[tuple[int, ...]],
+        dtype: str = "bfloat16",
+        *,
+        compiled: bool = False,
     ) -> None:
         import torch
 
@@ -306,7 +314,10 @@ class TritonHostCase:
             raise ValueError(f"unknown optimizer {optimizer!r}; expected 'am_adamw' or 'amsgd'")
         self.n_tensors = len(shapes)
         self.launches: Counter[str] = Counter()
-        self.run()  # creates the state
+        self.step = self.optimizer.step
+        if compiled:
+            self.step = torch.compile(self.optimizer.step, fullgraph=True)
+        self.run()  # creates the state (and compiles)
         if not self.launches:
             raise RuntimeError(
                 f"a step of {type(self.optimizer).__name__}() on CPU tensors under "
@@ -316,7 +327,7 @@ class TritonHostCase:
 
     def run(self) -> None:
         with triton_on_cpu() as launches:
-            self.optimizer.step()
+            self.step()
         self.launches.update(launches)
 
 

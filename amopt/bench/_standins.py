@@ -4,6 +4,8 @@
   Triton driver with its launches stubbed (:class:`amopt.bench._host.TritonHostCase`),
   at the GPT-2-small layout (148 tensors; target 0.5 ms) and with the same
   parameters in 1480 tensors (target 3x the 148-tensor time, measured side by side);
+  ``triton-host-adamw-compiled`` (informational) the compiled step's against the eager
+  one's;
 * ``foreach-ops*``: aten operations of one ``AMAdamW(foreach=True)`` step, run as on
   a GPU (the device strategy, forced on the CPU), against ``1.5 x`` those of
   ``torch.optim.AdamW(foreach=True)`` ``+ 40``; views are not counted (on a GPU every
@@ -102,6 +104,27 @@ def _host_scaling(optimizer: str) -> Callable[[Settings], Measured]:
             note=f"launches per step {sum(big.launches.values()) / steps:.0f} at "
             f"{big.n_tensors} tensors, {sum(small.launches.values()) / steps:.0f} at "
             f"{small.n_tensors}; the same parameters",
+        )
+
+    return measure
+
+
+def _host_compiled(optimizer: str) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        compiled = _host.TritonHostCase(optimizer, layout(148, s.quick), compiled=True)
+        eager = _host.TritonHostCase(optimizer, layout(148, s.quick))
+        p: Paired = interleave(
+            compiled.run, eager.run, repeat=s.repeat, warmup=2, max_seconds=s.row_seconds
+        )
+        steps = len(p.a) + 3
+        return Measured.from_paired(
+            p,
+            scale=1e3,
+            unit="ms",
+            note=f"{compiled.n_tensors} tensors (GPT-2 small), launches stubbed; "
+            f"{sum(compiled.launches.values()) / steps:.0f} launch(es) per compiled step; "
+            "the compiled step runs the driver inside its operator, without the "
+            "optimizer's plan",
         )
 
     return measure
@@ -338,6 +361,15 @@ ROWS: tuple[Row, ...] = (
         "148 tensors",
         3.0,
         _host_scaling("amsgd"),
+    ),
+    Row(
+        "triton-host-adamw-compiled",
+        "host time of a compiled AMAdamW() step (torch.compile(step, fullgraph=True)) on the "
+        "Triton driver, launches stubbed, 148 tensors / the eager step's",
+        "compiled",
+        "eager",
+        None,
+        _host_compiled("am_adamw"),
     ),
     Row(
         "foreach-ops",
