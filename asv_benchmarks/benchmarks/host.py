@@ -2,7 +2,8 @@
 
 * the Triton driver's host time per step of ``AMAdamW()`` / ``AMSGD()`` with every
   kernel launch stubbed, at GPT-2 small's layout (148 tensors) and with its
-  parameters in 1480 tensors (the ``triton-host-*`` rows of ``python -m amopt.bench``);
+  parameters in 1480 tensors (the ``triton-host-*`` rows of ``python -m amopt.bench``),
+  and a compiled step at 148 tensors;
 * aten operations per foreach step, AM against torch (``foreach-ops*``);
 * host synchronisations and aten operations per iteration of ``amopt.minimize`` on
   torch tensors (``minimize-syncs``, ``minimize-ops``).
@@ -41,6 +42,26 @@ class TimeTritonDriverHost:
         return float(sum(self.case.launches.values()) - before)
 
     track_launches_per_step.unit = "launches"  # type: ignore[attr-defined]
+
+
+class TimeTritonDriverHostCompiled:
+    """One ``torch.compile``-d step on the Triton driver, launches stubbed: the host work of
+    the compiled step (graph guards, the operator's boundary, the driver inside it)."""
+
+    params = (["am_adamw", "amsgd"],)
+    param_names = ["optimizer"]
+    timeout = 600
+    warmup_time = 0.2
+
+    def setup(self, optimizer: str) -> None:
+        try:
+            shapes = _standins.layout(148, cases.quick())
+            self.case = _host.TritonHostCase(optimizer, shapes, compiled=True)
+        except cases.SkipCase as exc:  # no triton here
+            raise NotImplementedError(str(exc)) from None
+
+    def time_step(self, optimizer: str) -> None:
+        self.case.run()
 
 
 class TrackForeachOps:
