@@ -186,7 +186,20 @@ class _Layout:
         return tuple(self._gradient(a, i, what) for i, a in enumerate(arrays))
 
     def _gradient(self, a: Any, i: int, what: str) -> Any:
-        xp, x = self.xp, self.arrays[i]
+        x = self.arrays[i]
+        if (
+            type(a) is type(x)
+            and a.dtype == x.dtype
+            and a.shape == x.shape
+            and not self.zero_d
+            and not self.copy_grads
+            and (type(x) is np.ndarray or array_api_compat.device(a) == self.devices[i])
+        ):
+            # what the device loop gets at every iteration: the checks below would pass
+            # (the same array type, hence namespace, dtype, shape and device); the
+            # messages they format cost more than the step's host work
+            return a
+        xp = self.xp
         where = "" if self.container is None else f"[{i}]"
         name = self._name(i)
         shape = self.user_shapes[i]
@@ -292,8 +305,13 @@ def _scalar(f: Any, what: str) -> float:
     raise TypeError(f"{what} must return a real scalar; got {_describe(f)}")
 
 
-def _deferred_scalar(f: Any, what: str, xp: Any) -> Any:
-    """:func:`_scalar` without reading a 0-d array of ``xp``: checked, returned as 0-d."""
+def _deferred_scalar(f: Any, what: str, xp: Any, like: Any = None) -> Any:
+    """:func:`_scalar` without reading a 0-d array of ``xp``: checked, returned as 0-d.
+
+    ``like`` (an array of ``xp``): a 0-d ``f`` of its type and dtype passes as it is.
+    """
+    if like is not None and type(f) is type(like) and f.ndim == 0 and f.dtype == like.dtype:
+        return f
     if is_array(f) and not isinstance(f, np.generic) and array_namespace(f) is xp:
         if math.prod(f.shape) != 1:
             raise ValueError(f"{what} must return a scalar; got an array of shape {f.shape}")
@@ -365,7 +383,7 @@ class _Objective:
     def scalar(self, f: Any, what: str) -> Any:
         """The objective value ``f`` returned by ``what``, checked (a float, or deferred)."""
         if self.defer:
-            return _deferred_scalar(f, what, self.layout.xp)
+            return _deferred_scalar(f, what, self.layout.xp, self.layout.arrays[0])
         return _scalar(f, what)
 
     def __call__(self, arrays: tuple) -> tuple[float, tuple]:

@@ -152,3 +152,40 @@ def test_bench_cases_use_the_rule(marked):
     core = cases.CoreStepCase("am-mgd", 100)
     _, _, beta = core._step()
     assert float(beta) == MARK
+
+
+@pytest.mark.parametrize("variant", [None, "clip", "restart"])
+def test_host_rule_on_scalars_is_the_rule_on_arrays(variant):
+    """The device loop runs one scope's rule on NumPy scalars (``_core._HostScalars``):
+    the same values, bit for bit, as the rule on a NumPy array of that scope, over
+    ordinary, degenerate (tiny ``<v,v>``), overflowing (inf, NaN) and signed sums, for
+    both families and both numerators."""
+    from amopt import _core
+    from amopt._config import AMConfig
+
+    rng = np.random.default_rng(0)
+    rows = list(np.exp(rng.normal(0.0, 3.0, size=(200, 5))) * rng.choice([-1.0, 1.0], (200, 5)))
+    rows += [
+        np.array([1e-40, 1.0, 1.0, 0.5, 0.5]),  # degenerate <v,v>
+        np.array([0.0, 0.0, 0.0, 0.0, 0.0]),
+        np.array([np.inf, np.inf, np.inf, 1.0, 1.0]),  # overflowing sums: NaN ratio
+        np.array([np.nan, 1.0, 2.0, 0.0, 0.0]),
+        np.array([2.0, 1.0, 3.0, -1.0, 1.0]),
+    ]
+    config = AMConfig(lam=0.1, beta_max=0.9, variant=variant, beta_min=0.2, theta=0.5)
+    cases_ = [
+        (_rule.momentum_beta, 3, {}),
+        (_rule.momentum_beta, 5, {"lr": 0.1, "f_decrease": 0.03}),
+        (_rule.adam_beta, 3, {"lr": 0.1, "weight_decay": 0.01}),
+        (_rule.adam_beta, 3, {"lr": 0.1, "weight_decay": 0.01, "f_decrease": -0.2}),
+    ]
+    for rule, k, kwargs in cases_:
+        for row in rows:
+            sums = [float(v) for v in row[:k]]
+            got = _core._host_rule(rule, sums, k, config, **kwargs)
+            with np.errstate(all="ignore"):
+                want = rule(np, np.asarray(sums).reshape(1, k), config, **kwargs)
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            for a, b in zip(got, want, strict=True):
+                assert a.shape == b.shape == (1,) and a.dtype == b.dtype == np.float64
+                np.testing.assert_array_equal(a, b, strict=True)
