@@ -483,8 +483,8 @@ def _host_rule(rule: Any, sums: Any, k: int, config: AMConfig, **kwargs: Any) ->
             return rule(np, host, config, **kwargs)
         out = rule(_HostScalars, host[0], config, **kwargs)
     if isinstance(out, tuple):
-        return tuple(np.reshape(o, (1,)) for o in out)
-    return np.reshape(out, (1,))
+        return tuple(np.asarray(o).reshape(1) for o in out)
+    return np.asarray(out).reshape(1)
 
 
 def _exact(numerator: str, f_prev: Any) -> bool:
@@ -523,7 +523,7 @@ def am_momentum_sums(
             part = [v @ v, g @ g, v @ g]
             cols = part if not cols else [a + b for a, b in zip(cols, part, strict=True)]
         sums += cols
-    return (ds, diffs, exact), sums
+    return (ds, diffs, exact, xp), sums
 
 
 def _momentum_sums_of(read: list[float], exact: bool) -> list[float]:
@@ -562,8 +562,7 @@ def am_momentum_apply(
     """
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
-    xp = array_namespace(*xs, *gs)
-    ds, diffs, exact = pending
+    ds, diffs, exact, xp = pending
     f_decrease = state.f_prev - f if exact else None
     beta, gamma = _host_rule(
         _rule.momentum_beta,
@@ -583,7 +582,7 @@ def am_momentum_apply(
             new_d[i] = gs[i] + coef * v
     new_x = tuple(x - lr * d for x, d in zip(xs, new_d, strict=True))
     new_state = AMState(state.step + 1, tuple(new_d), float(f), state.d_from_g)
-    betas = tuple(np.float64(b) for b in np.reshape(beta, (-1,)))
+    betas = tuple(np.float64(b) for b in beta.reshape(-1))
     return restore(new_x, single), new_state, (betas if config.per_layer else betas[0])
 
 
@@ -944,7 +943,7 @@ def am_adam_sums(
                 terms = [(q, g), (uv, v), (q, d), (g, x), (d, x)]
             sums += [a @ b for (a, b), a_k in zip(terms, weights, strict=True) if a_k != 0]
             sums += [wv @ v, (w * d) @ d, (w * g) @ g]
-    pending = (xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights)
+    pending = (xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights, xp)
     return pending, sums
 
 
@@ -960,8 +959,7 @@ def am_adam_apply(
     config: AMConfig,
 ) -> tuple[Any, AMAdamState, Any]:
     """The rest of :func:`am_adam_step`: the rule on the host ``sums``, then the apply."""
-    xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights = pending
-    xp = array_namespace(*xs, *gs)
+    xs0, xs, gs, ds, vs, (ps, lps, denoms, diffs), weights, xp = pending
     wd = weight_decay
     scope_list = scopes(len(xs), config.per_layer)
     # the rule's N, D, ref per scope: the weighted term sums, added array by array
