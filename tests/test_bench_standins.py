@@ -321,3 +321,44 @@ def test_compiled_host_case_steps_through_the_operator():
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert all(torch.equal(a, p) for a, p in zip(before, case.params, strict=True))
+
+
+@needs_triton
+def test_sharded_host_case_steps_on_a_sharded_plan():
+    """The DTensor stand-in (FSDP2's layout on a one-rank mesh) reaches the Triton driver
+    and, from its second step, the group's plan over the local tensors, with gradients
+    at new addresses at every step; the process group it made is gone afterwards."""
+    import torch.distributed as dist
+
+    with _host.one_rank_mesh() as mesh:
+        case = _host.TritonHostCase("am_adamw", SHAPES, dtype="float32", mesh=mesh, new_grads=True)
+        per_step = sum(case.launches.values())
+        addresses = set()
+        for _ in range(3):
+            case.new_gradients()
+            addresses.add(case.params[0].grad.to_local().data_ptr())
+            case.run()
+        (plan,) = case.optimizer.__dict__["_am_plans"].values()
+        assert plan.sharded is not None and plan.sync is None  # one rank: nothing to combine
+        assert len(addresses) == 2
+        assert sum(case.launches.values()) == 4 * per_step
+    assert not dist.is_initialized()
+
+
+def test_interleave_counted_keeps_what_the_runs_count():
+    from amopt.bench._timing import interleave_counted
+
+    order = []
+
+    def run(side, value):
+        def go():
+            order.append(side)
+            return value
+
+        return go
+
+    p = interleave_counted(run("a", 2.0), run("b", 1.0), repeat=4, warmup=1)
+    assert p.a == [2.0] * 4 and p.b == [1.0] * 4 and p.median_ratio == 2.0
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]  # warm-up, alternating
+    q = interleave_counted(run("a", 1.0), run("b", 1.0), repeat=50, warmup=0, max_seconds=0.0)
+    assert len(q.a) == 3  # the minimum number of pairs once the time is up

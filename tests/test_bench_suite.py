@@ -39,6 +39,7 @@ STANDIN_TARGETS = {
     "triton-host-amsgd": 1.0,
     "triton-host-amsgd-1480": 3.0,
     "triton-host-adamw-compiled": None,  # informational
+    "triton-host-adamw-sharded": None,  # informational
     "foreach-ops": 1.0,
     "foreach-ops-1480": 1.0,
     "minimize-syncs": 1.0,

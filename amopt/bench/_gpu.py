@@ -68,7 +68,7 @@ import numpy as np
 
 from amopt.bench import cases
 from amopt.bench._records import Measured, Row, Settings
-from amopt.bench._timing import Paired, PhaseClock, interleave, timed_rounds
+from amopt.bench._timing import Paired, PhaseClock, interleave, interleave_counted, timed_rounds
 from amopt.bench.cases import gpt2_small_shapes, llama_1b_shapes
 
 __all__ = [
@@ -675,28 +675,6 @@ class _FullEvaluationsApart:
         return self.problem.batch_value_and_grad(x, indices)
 
 
-def _iterations_apart(
-    runs: dict[str, Callable[[], float]], s: Settings, warmup: int = 2, min_rounds: int = 3
-) -> Paired:
-    """Interleaved samples of ``runs["a"]`` and ``runs["b"]``, each returning the seconds
-    it wants counted (the order within a round alternates); at least ``min_rounds``
-    rounds, ``s.repeat`` at most, within ``s.row_seconds``."""
-    for _ in range(warmup):
-        for run in runs.values():
-            run()
-    out = Paired()
-    started = time.perf_counter()
-    for r in range(s.repeat):
-        order = ("a", "b") if r % 2 == 0 else ("b", "a")
-        got = {side: runs[side]() for side in order}
-        out.a.append(got["a"])
-        out.b.append(got["b"])
-        over = s.row_seconds is not None and time.perf_counter() - started > s.row_seconds
-        if over and r + 1 >= min_rounds:
-            break
-    return out
-
-
 def _am_sgd(batch: int) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         cupy = require_cupy()
@@ -725,12 +703,11 @@ def _am_sgd(batch: int) -> Callable[[Settings], Measured]:
 
             return go
 
-        p = _iterations_apart(
-            {
-                "a": run(on_device, cupy.zeros(d), _sync_cupy),
-                "b": run(on_host, np.zeros(d), lambda: None),
-            },
-            s,
+        p = interleave_counted(
+            run(on_device, cupy.zeros(d), _sync_cupy),
+            run(on_host, np.zeros(d), lambda: None),
+            repeat=s.repeat,
+            max_seconds=s.row_seconds,
         )
         return Measured.from_paired(
             p,

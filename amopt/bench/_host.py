@@ -36,6 +36,7 @@ __all__ = [
     "LaunchStub",
     "TritonHostCase",
     "device_strategy",
+    "one_rank_mesh",
     "foreach_step_ops",
     "minimize_counts",
     "triton_on_cpu",
@@ -286,6 +287,13 @@ class TritonHostCase:
     compiled : bool
         Step with ``torch.compile(optimizer.step, fullgraph=True)`` (compiled at the
         first step): the driver then runs inside the ``amopt::triton_*`` operator.
+    mesh : DeviceMesh, optional
+        Parameters and gradients as ``DTensor``s sharded on dim 0 over this mesh (as
+        FSDP2 holds them; see :func:`one_rank_mesh`).
+    new_grads : bool
+        Two sets of gradients, swapped in by :meth:`new_gradients` (not timed): each
+        step then sees gradients at other addresses, as after ``zero_grad()`` or a
+        sharded reduction.
     """
 
     def __init__(
@@ -295,6 +303,8 @@ class TritonHostCase:
         dtype: str = "bfloat16",
         *,
         compiled: bool = False,
+        mesh: Any = None,
+        new_grads: bool = False,
     ) -> None:
         import torch
 
@@ -302,10 +312,20 @@ class TritonHostCase:
 
         cases.apply_threads()
         dt = getattr(torch, dtype)
-        # untouched memory: the stubbed kernels never read the values
-        self.params = [torch.nn.Parameter(torch.empty(s, dtype=dt)) for s in shapes]
-        for p in self.params:
-            p.grad = torch.empty(p.shape, dtype=dt)
+
+        def tensor(shape: tuple[int, ...]) -> Any:
+            # untouched memory: the stubbed kernels never read the values
+            t = torch.empty(shape, dtype=dt)
+            if mesh is None:
+                return t
+            from torch.distributed.tensor import Shard, distribute_tensor
+
+            return distribute_tensor(t, mesh, [Shard(0)])
+
+        self.params = [torch.nn.Parameter(tensor(s)) for s in shapes]
+        self._grad_sets = [[tensor(s) for s in shapes] for _ in range(2 if new_grads else 1)]
+        self._next = 0
+        self.new_gradients()
         if optimizer == "am_adamw":
             self.optimizer = AMAdamW(self.params, lr=1e-3, weight_decay=1e-2)
         elif optimizer == "amsgd":
@@ -325,10 +345,41 @@ class TritonHostCase:
                 "reached"
             )
 
+    def new_gradients(self) -> None:
+        """Give the parameters the next set of gradients (the same one without
+        ``new_grads``)."""
+        grads = self._grad_sets[self._next % len(self._grad_sets)]
+        self._next += 1
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g
+
     def run(self) -> None:
         with triton_on_cpu() as launches:
             self.step()
         self.launches.update(launches)
+
+
+@contextlib.contextmanager
+def one_rank_mesh() -> Iterator[Any]:
+    """A one-rank CPU device mesh (gloo, in this process), for ``DTensor`` stand-ins.
+
+    Initialises the default process group (an in-memory store, world size 1) if none
+    is, and destroys it on exit if it made it.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        raise cases.SkipCase("torch.distributed with gloo is not available here")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (dist.get_world_size(),))
+    finally:
+        if made:
+            dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- op counts

@@ -4,8 +4,8 @@
   Triton driver with its launches stubbed (:class:`amopt.bench._host.TritonHostCase`),
   at the GPT-2-small layout (148 tensors; target 0.5 ms) and with the same
   parameters in 1480 tensors (target 3x the 148-tensor time, measured side by side);
-  ``triton-host-adamw-compiled`` (informational) the compiled step's against the eager
-  one's;
+  ``triton-host-adamw-compiled`` and ``-sharded`` (informational) the compiled step's
+  against the eager one's, and a step of FSDP2-sharded ``DTensor``s against plain tensors;
 * ``foreach-ops*``: aten operations of one ``AMAdamW(foreach=True)`` step, run as on
   a GPU (the device strategy, forced on the CPU), against ``1.5 x`` those of
   ``torch.optim.AdamW(foreach=True)`` ``+ 40``; views are not counted (on a GPU every
@@ -26,12 +26,13 @@ is formed.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
 from amopt.bench import _host, cases
 from amopt.bench._records import Measured, Row, Settings
-from amopt.bench._timing import Paired, interleave, timed_rounds
+from amopt.bench._timing import Paired, interleave, interleave_counted, timed_rounds
 
 __all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "Traffic", "layout", "minimize_traffic"]
 
@@ -125,6 +126,37 @@ def _host_compiled(optimizer: str) -> Callable[[Settings], Measured]:
             f"{sum(compiled.launches.values()) / steps:.0f} launch(es) per compiled step; "
             "the compiled step runs the driver inside its operator, without the "
             "optimizer's plan",
+        )
+
+    return measure
+
+
+def _host_sharded(optimizer: str) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        shapes = layout(148, s.quick)
+        with _host.one_rank_mesh() as mesh:
+            sharded = _host.TritonHostCase(optimizer, shapes, mesh=mesh, new_grads=True)
+            plain = _host.TritonHostCase(optimizer, shapes, new_grads=True)
+
+            def step(case: _host.TritonHostCase) -> Callable[[], float]:
+                def run() -> float:
+                    case.new_gradients()  # not timed
+                    start = time.perf_counter()
+                    case.run()
+                    return time.perf_counter() - start
+
+                return run
+
+            p: Paired = interleave_counted(
+                step(sharded), step(plain), repeat=s.repeat, max_seconds=s.row_seconds
+            )
+        return Measured.from_paired(
+            p,
+            scale=1e3,
+            unit="ms",
+            note=f"{sharded.n_tensors} tensors (GPT-2 small) as DTensors sharded on dim 0 "
+            "over a one-rank gloo mesh (FSDP2's layout) against plain tensors; new "
+            "gradients at every step on both sides; launches stubbed",
         )
 
     return measure
@@ -370,6 +402,15 @@ ROWS: tuple[Row, ...] = (
         "eager",
         None,
         _host_compiled("am_adamw"),
+    ),
+    Row(
+        "triton-host-adamw-sharded",
+        "host time of an AMAdamW() step on the Triton driver, launches stubbed, 148 "
+        "DTensors (Shard(0), one rank) / the same on plain tensors, new gradients each step",
+        "DTensor",
+        "plain",
+        None,
+        _host_sharded("am_adamw"),
     ),
     Row(
         "foreach-ops",

@@ -20,6 +20,7 @@ __all__ = [
     "PhaseClock",
     "cpu_model",
     "interleave",
+    "interleave_counted",
     "load_average",
     "machine_info",
     "memory_bandwidth",
@@ -244,6 +245,41 @@ def interleave(
         max_seconds=max_seconds,
     )
     return Paired(a=out["a"][TOTAL], b=out["b"][TOTAL])
+
+
+def interleave_counted(
+    run_a: Callable[[], float],
+    run_b: Callable[[], float],
+    *,
+    repeat: int,
+    warmup: int = 2,
+    max_seconds: float | None = None,
+    min_rounds: int = 3,
+) -> Paired:
+    """:func:`interleave` for workloads that time themselves: each call returns the
+    seconds it wants counted (a run with set-up or a closing pass to leave out).
+
+    The order within a pair alternates; at least ``min_rounds`` pairs, ``repeat`` at
+    most, within ``max_seconds`` of timed pairs.
+    """
+    for _ in range(warmup):
+        run_a()
+        run_b()
+    out = Paired()
+    started = time.perf_counter()
+    for r in range(repeat):
+        if r % 2 == 0:
+            a = run_a()
+            b = run_b()
+        else:
+            b = run_b()
+            a = run_a()
+        out.a.append(a)
+        out.b.append(b)
+        over = max_seconds is not None and time.perf_counter() - started > max_seconds
+        if over and r + 1 >= min_rounds:
+            break
+    return out
 
 
 def memory_bandwidth(mib: int = 256, repeat: int = 5, threads: int = 1) -> float | None:
