@@ -435,10 +435,11 @@ def _flat(xp: Any, a: Array) -> Array:
 class _HostScalars:
     """The few functions of the rule (:mod:`amopt._rule`) on NumPy float64 scalars.
 
-    One scope's rule on the host is a few dozen operations on single numbers; as 0-d
-    NumPy arrays each costs about a microsecond of dispatch, as NumPy scalars a tenth of
-    that, with the same IEEE results (``where`` picks, ``clip`` compares as
-    ``np.clip`` does, NaN passing through).
+    One scope's rule on the host is a few dozen operations on single numbers; on 0-d
+    NumPy arrays each costs about a microsecond of dispatch, on NumPy scalars a small
+    part of that, with the same IEEE results (``where`` picks, ``clip`` compares as
+    ``np.clip`` does, NaN passing through; ``tests/test_one_rule.py`` compares them bit
+    for bit).
     """
 
     finfo = staticmethod(np.finfo)
