@@ -237,6 +237,25 @@ def test_cpu_sqsums_keep_the_float32_range(dtype):
     torch.testing.assert_close(got, ref, rtol=3000 * 2.0**-24, atol=0.0)
 
 
+def test_cpu_sqsums_zero_pieces_below_the_rule_threshold(monkeypatch):
+    """AMSGD's <v,v> pieces that sum to 0 in float32: with the piece's <g,g> + <d,d> given,
+    those whose true sum could only lie under the rule's threshold eps^2 * ref are read as
+    zero without a pass over them; the others (a small ref) still get their exact sum."""
+    tiny = torch.full((1000,), 1e-25)  # squares 1e-50: 0 in float32
+    zeros = torch.zeros(1000)
+    passes = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: passes.append(t.numel()) or real(t))
+    # a large ref: numel * 2^-126 = 1.2e-35 <= eps^2 * 1e4 = 4.9e-28: no pass, read as 0
+    got = common.cpu_sqsums([tiny, zeros], ref=torch.tensor([1e4, 1e4], dtype=torch.float64))
+    assert got.tolist() == [0.0, 0.0] and passes == []
+    assert 1000 * 1e-50 <= common._RULE_TINY * 1e4  # the true sum is under the threshold
+    # a small ref: the zero test runs, the tiny piece is summed again exactly
+    got = common.cpu_sqsums([tiny, zeros], ref=torch.tensor([1e-20, 1e-20], dtype=torch.float64))
+    assert passes == [1000, 1000]
+    assert got[0].item() == pytest.approx(1000 * 1e-50, rel=1e-6) and got[1].item() == 0.0
+
+
 @pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])
 @pytest.mark.parametrize("scale", beta_scale.SCALES)
 def test_device_strategy_betas_are_scale_invariant(scale, per_layer, device_strategy):

@@ -764,7 +764,7 @@ def _multi_tensor_amsgd(
             if mode == "chunks":
                 gd = cpu_sqsums(gs + ds, kit(0, gs) + kit(1, ds))
                 torch._foreach_sub_(ds, gs)  # the buffers now hold v = d - g
-                vv = cpu_sqsums(ds, kit(0, ds))
+                vv = cpu_sqsums(ds, kit(0, ds), ref=gd.view(2, -1).sum(0))
                 parts.append(torch.cat([vv, gd]).view(3, -1))
             else:  # squares in float64: no underflow, no overflow
                 wide = wide_dtype(device)

@@ -502,7 +502,14 @@ def range_safe_sqsums(tensors: list[Tensor], buffers: list[Tensor]) -> Tensor:
 _SAFE_SQSUM = (2.0**-100, 2.0**120)
 
 
-def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor] | None = None) -> Tensor:
+#: The AM rules' zero-denominator threshold, relative to the scope's reference sum: the
+#: squared machine epsilon of the float64 sums (``amopt._rule.guarded_ratio``).
+_RULE_TINY = float(torch.finfo(torch.float64).eps) ** 2
+
+
+def cpu_sqsums(
+    tensors: list[Tensor], buffers: list[Tensor] | None = None, ref: Tensor | None = None
+) -> Tensor:
     """``[sum(t * t) for t in tensors]`` (CPU tensors or pieces of a chunk) in float64, range-safe.
 
     Float32 (and float64) data is squared and summed in its own dtype, half precision
@@ -512,6 +519,12 @@ def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor] | None = None) -> Te
     only). The test is a read of CPU values (no device involved); squaring in float64
     costs about six times as much (25M float32 in 48 tensors, 1 thread, Zen 4:
     ``_foreach_powsum`` 3.9 ms in float32, 23.6 ms in float64).
+
+    ``ref`` (one float64 value per piece, AMSGD's ``<g,g> + <d,d>`` of the piece whose
+    ``<v,v>`` this is): a piece whose sum is 0 needs no check where its true sum, below
+    ``numel * 2^-126`` (every square flushed), is under the rule's threshold
+    ``eps^2 * ref`` anyway: the rule then reads it as zero whatever it is (and the
+    scope's ``ref`` is at least the piece's).
     """
     dtype = tensors[0].dtype
     if dtype == torch.float64:
@@ -524,8 +537,14 @@ def cpu_sqsums(tensors: list[Tensor], buffers: list[Tensor] | None = None) -> Te
         return sums.to(torch.float64)
     zero = [k for k, s in enumerate(values) if s == 0.0]
     if zero:  # all zeros (v = d - g of an unchanged gradient), or squares underflowed?
+        below = [False] * len(values)
+        if ref is not None:
+            refs = ref.tolist()
+            below = [
+                refs[k] * _RULE_TINY >= tensors[k].numel() * 2.0**-126 for k in range(len(values))
+            ]
         for k in zero:
-            ok[k] = tensors[k].numel() == 0
+            ok[k] = tensors[k].numel() == 0 or below[k]
         zero = [k for k in zero if not ok[k]]
         if zero:  # one read-only pass each (Tensor.any() converts to bool: 4x as long)
             extremes = [torch.stack(torch.aminmax(tensors[k])) for k in zero]
