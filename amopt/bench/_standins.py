@@ -90,21 +90,28 @@ def _host_time(optimizer: str) -> Callable[[Settings], Measured]:
     return measure
 
 
+def _host_pair(
+    a: _host.TritonHostCase, b: _host.TritonHostCase, s: Settings, note: Callable[[int], str]
+) -> Measured:
+    """Steps of ``a`` against steps of ``b``, interleaved, in ms; ``note`` gets the number of
+    steps each case has run (the warm-up and the case's own first step included)."""
+    p: Paired = interleave(a.run, b.run, repeat=s.repeat, warmup=2, max_seconds=s.row_seconds)
+    return Measured.from_paired(p, scale=1e3, unit="ms", note=note(len(p.a) + 3))
+
+
 def _host_scaling(optimizer: str) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         big = _host.TritonHostCase(optimizer, layout(MANY * 148, s.quick))
         small = _host.TritonHostCase(optimizer, layout(148, s.quick))
-        p: Paired = interleave(
-            big.run, small.run, repeat=s.repeat, warmup=2, max_seconds=s.row_seconds
-        )
-        steps = len(p.a) + 3
-        return Measured.from_paired(
-            p,
-            scale=1e3,
-            unit="ms",
-            note=f"launches per step {sum(big.launches.values()) / steps:.0f} at "
-            f"{big.n_tensors} tensors, {sum(small.launches.values()) / steps:.0f} at "
-            f"{small.n_tensors}; the same parameters",
+        return _host_pair(
+            big,
+            small,
+            s,
+            lambda steps: (
+                f"launches per step {sum(big.launches.values()) / steps:.0f} at "
+                f"{big.n_tensors} tensors, {sum(small.launches.values()) / steps:.0f} at "
+                f"{small.n_tensors}; the same parameters"
+            ),
         )
 
     return measure
@@ -114,18 +121,16 @@ def _host_compiled(optimizer: str) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         compiled = _host.TritonHostCase(optimizer, layout(148, s.quick), compiled=True)
         eager = _host.TritonHostCase(optimizer, layout(148, s.quick))
-        p: Paired = interleave(
-            compiled.run, eager.run, repeat=s.repeat, warmup=2, max_seconds=s.row_seconds
-        )
-        steps = len(p.a) + 3
-        return Measured.from_paired(
-            p,
-            scale=1e3,
-            unit="ms",
-            note=f"{compiled.n_tensors} tensors (GPT-2 small), launches stubbed; "
-            f"{sum(compiled.launches.values()) / steps:.0f} launch(es) per compiled step; "
-            "the compiled step runs the driver inside its operator, without the "
-            "optimizer's plan",
+        return _host_pair(
+            compiled,
+            eager,
+            s,
+            lambda steps: (
+                f"{compiled.n_tensors} tensors (GPT-2 small), launches stubbed; "
+                f"{sum(compiled.launches.values()) / steps:.0f} launch(es) per compiled step; "
+                "the compiled step runs the driver inside its operator, without the "
+                "optimizer's plan"
+            ),
         )
 
     return measure

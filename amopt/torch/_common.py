@@ -31,6 +31,7 @@ from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     Scaler,
     SGDHyper,
     SGDTensors,
+    Sharded,
     accumulation_dtype,
     as_real,
     real_dtype,
@@ -537,14 +538,10 @@ def cpu_sqsums(
         return sums.to(torch.float64)
     zero = [k for k, s in enumerate(values) if s == 0.0]
     if zero:  # all zeros (v = d - g of an unchanged gradient), or squares underflowed?
-        below = [False] * len(values)
-        if ref is not None:
-            refs = ref.tolist()
-            below = [
-                refs[k] * _RULE_TINY >= tensors[k].numel() * 2.0**-126 for k in range(len(values))
-            ]
+        refs = None if ref is None else ref.tolist()
         for k in zero:
-            ok[k] = tensors[k].numel() == 0 or below[k]
+            n = tensors[k].numel()
+            ok[k] = n == 0 or (refs is not None and refs[k] * _RULE_TINY >= n * 2.0**-126)
         zero = [k for k in zero if not ok[k]]
         if zero:  # one read-only pass each (Tensor.any() converts to bool: 4x as long)
             extremes = [torch.stack(torch.aminmax(tensors[k])) for k in zero]
@@ -884,21 +881,17 @@ class AMOptimizerBase(Optimizer):
         params: list[Tensor],
         grads: list[Tensor],
         buffers: list[list[Tensor]],
-        local: tuple | None = None,
+        sharded: Sharded | None = None,
     ) -> None:
         """After a Triton step of a group: plan its next steps (see
         ``amopt.torch._triton.group_plan``), moving its 0-d state into group tensors.
 
-        ``local``: for a sharded group, what ``amopt.torch._distributed.plan_locals``
-        returned (its local tensors and how later steps find them).
+        ``sharded``: for a sharded group, its local tensors and how later steps find
+        them (``amopt.torch._distributed.plan_locals``).
         """
         if torch.compiler.is_compiling():
             return
         mod = triton_module()
-        sharded = None
-        if local is not None:
-            local_params, local_grads, buffers, sync, grads_of, param_of = local
-            sharded = mod.Sharded(local_params, local_grads, grads_of, param_of, sync)
         plan = mod.group_plan(kind, self.state, group, flags, params, grads, buffers, sharded)
         if plan is not None:
             self.__dict__.setdefault("_am_plans", {})[id(group)] = plan

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from amopt.torch._common import as_real, foreach_sqsum
+from amopt.torch._records import Sharded
 
 __all__ = [
     "ScopeSync",
@@ -466,16 +467,14 @@ def plan_locals(
     *,
     per_layer: bool,
     process_group: Any = None,
-) -> tuple | None:
-    """What a planned step of a sharded group needs (see ``amopt.torch._triton.Sharded``).
+) -> Sharded | None:
+    """What a planned step of a sharded group needs (:class:`~amopt.torch._records.Sharded`).
 
     ``None`` for a group with neither DTensors nor a scope combined over ranks (it is
-    planned on its own tensors). Otherwise ``(local_params, local_grads,
-    local_buffers, sync, local_grads_of, local_param_of)``: the local tensors of
-    this step (:func:`localize`), its :class:`ScopeSync` (``None`` where no scope has
-    pieces on other ranks), and the two functions a later step finds its local
-    tensors with (the same checks as :func:`localize`, done on the gradients only
-    when they are new tensors).
+    planned on its own tensors). Otherwise the local tensors of this step
+    (:func:`localize`), its :class:`ScopeSync`, and the two functions a later step
+    finds its local tensors with (the checks of :func:`localize`, run on the gradients
+    only when they are new tensors).
     """
     local_params, local_grads, *local_buffers, sync = localize(
         params, grads, *buffers, per_layer=per_layer, process_group=process_group
@@ -493,7 +492,7 @@ def plan_locals(
         # Parameter, a new view of it at each call); its address is what is checked
         return p._local_tensor if dtensor is not None and isinstance(p, dtensor) else p
 
-    return local_params, local_grads, local_buffers, sync, local_grads_of, local_param_of
+    return Sharded(local_params, local_grads, local_buffers, sync, local_grads_of, local_param_of)
 
 
 def store_new_states(

@@ -9,8 +9,8 @@ nothing here imports another module of the package.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -24,6 +24,7 @@ __all__ = [
     "FusedFallbackWarning",
     "SGDHyper",
     "SGDTensors",
+    "Sharded",
     "Scaler",
     "accumulation_dtype",
     "as_real",
@@ -148,3 +149,24 @@ def scope_sums(sums: Tensor, dtype: torch.dtype) -> Tensor:
         return sums
     _, exponent = torch.frexp(sums.abs().amax(dim=-1, keepdim=True))
     return torch.ldexp(sums, -exponent).to(dtype)
+
+
+class Sharded(NamedTuple):
+    """How a planned step of a sharded group reaches its local tensors.
+
+    Built by ``amopt.torch._distributed.plan_locals`` after the group's first step, kept
+    by the Triton driver's ``GroupPlan``. ``local_params``, ``local_grads``,
+    ``local_buffers``: the local tensors of that step (the buffers one list per state);
+    ``sync``: the group's ``ScopeSync`` (``None`` where no scope has pieces on other
+    ranks); ``local_of_grads(params, grads)``: a later step's local gradients (raising
+    ``TypeError`` or ``ValueError`` where one is not laid out as its parameter);
+    ``local_of_param(p)``: the tensor holding ``p``'s local piece, whose address is
+    checked at every step.
+    """
+
+    local_params: list[Tensor]
+    local_grads: list[Tensor]
+    local_buffers: list[list[Tensor]]
+    sync: Any
+    local_of_grads: Callable[[list[Tensor], list[Tensor]], list[Tensor]]
+    local_of_param: Callable[[Tensor], Tensor]

@@ -71,7 +71,15 @@ from torch import Tensor
 
 from amopt import _rule
 from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
-from amopt.torch._records import NO_SCALER, AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
+from amopt.torch._records import (
+    NO_SCALER,
+    AdamHyper,
+    AdamTensors,
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+    Sharded,
+)
 
 if TYPE_CHECKING:
     import triton.language as tl
@@ -1510,8 +1518,8 @@ class GroupPlan:
 
     Sharded groups (``DTensor`` parameters of FSDP2 or tensor parallelism, or plain
     partitions combined over a process group) are planned the same way over the
-    local tensors: ``sharded`` (:class:`Sharded`) says how a step finds its local
-    gradients and holds the group's ``ScopeSync`` (``amopt.torch._distributed``),
+    local tensors: ``sharded`` (``amopt.torch._records.Sharded``) says how a step finds
+    its local gradients and holds the group's ``ScopeSync`` (``amopt.torch._distributed``),
     with which the step adds the sums of each scope over its ranks between the
     reduce and the rule.
     """
@@ -1567,10 +1575,11 @@ class GroupPlan:
         """The tensors the kernels update: the parameters, or their local pieces."""
         return self.params if self.sharded is None else self.sharded.local_params
 
-    def _param_ptrs(self) -> list[int] | None:
-        if self.sharded is None:
-            return [p.data_ptr() for p in self.params]
-        return self.sharded.param_ptrs(self.params)
+    def _param_ptrs(self) -> list[int]:
+        locals_ = (
+            self.params if self.sharded is None else map(self.sharded.local_of_param, self.params)
+        )
+        return [p.data_ptr() for p in locals_]
 
     def grads(self, group: dict[str, Any], flags: tuple) -> list[Tensor] | None:
         """This step's (local) gradients if the plan still describes the group, else ``None``."""
@@ -1586,9 +1595,8 @@ class GroupPlan:
                 return None
         if not all(map(operator.is_, grads, self.grads_seen)):
             try:  # data_ptr raises for None and for sparse layouts (no storage)
-                local = grads if self.sharded is None else self.sharded.grads(self.params, grads)
-                if local is None:
-                    return None
+                sharded = self.sharded
+                local = grads if sharded is None else sharded.local_of_grads(self.params, grads)
                 ptrs = list(map(Tensor.data_ptr, local))
                 if not all(map(Tensor.is_contiguous, local)):
                     return None
@@ -1609,30 +1617,6 @@ class GroupPlan:
         return self.local_grads
 
 
-@dataclasses.dataclass(eq=False)
-class Sharded:
-    """How a sharded group's planned step reaches its local tensors (see :class:`GroupPlan`).
-
-    ``local_params`` and ``local_grads``: the local tensors of the step the plan was
-    built after; ``local_of_grads(params, grads)``: this step's local gradients
-    (``None`` where one is not laid out as its parameter); ``local_of_param(p)``: the
-    tensor that holds ``p``'s local piece, whose address is checked at every step;
-    ``sync``: the group's ``ScopeSync`` or ``None``.
-    """
-
-    local_params: list[Tensor]
-    local_grads: list[Tensor]
-    local_of_grads: Any
-    local_of_param: Any
-    sync: Any
-
-    def param_ptrs(self, params: list[Tensor]) -> list[int]:
-        return [self.local_of_param(p).data_ptr() for p in params]
-
-    def grads(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor] | None:
-        return self.local_of_grads(params, grads)
-
-
 def group_plan(
     kind: str,
     optimizer_state: Any,
@@ -1647,11 +1631,12 @@ def group_plan(
 
     ``kind``: ``"sgd"`` (``buffers``: the momentum buffers) or ``"adam"``
     (``exp_avgs, exp_avg_sqs``). ``None`` where the tensors do not qualify (see
-    :func:`available`). A sharded group gives its local tensors: ``buffers`` and
-    ``sharded.local_params``, ``sharded.local_grads`` (see :class:`Sharded`).
+    :func:`available`). A sharded group's plan is built over its local tensors
+    (``sharded``: ``amopt.torch._records.Sharded``).
     """
-    local_params = params if sharded is None else sharded.local_params
-    local_grads = grads if sharded is None else sharded.local_grads
+    local_params, local_grads = params, grads
+    if sharded is not None:
+        local_params, local_grads, buffers = sharded[:3]
     tensors = [local_params, local_grads, *buffers]
     if not params or available([t for col in tensors for t in col]):
         return None
