@@ -22,6 +22,7 @@ from test_bench_suite import STANDIN_TARGETS  # noqa: E402
 
 from amopt.bench import _cli, _host, _standins, cases  # noqa: E402
 from amopt.bench._records import Settings  # noqa: E402
+from amopt.bench._timing import Paired  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "amopt" / "bench"
 
@@ -242,6 +243,40 @@ def test_minimize_bytes_rows_are_measured_against_the_hand_loop():
     assert "full-size ops per iteration" in m.note
 
 
+@pytest.mark.parametrize("batch, method", [(False, "mgd"), (True, "msgd")])
+def test_host_time_rows_hand_loops_are_the_methods_iterates(batch, method):
+    """The baselines of the minimize-host rows run the heavy-ball method that minimize
+    runs: the same iterates as minimize(method="mgd" / "msgd") with beta 0.9 (the same
+    epochs of batches for the same seed)."""
+    hand, k = _standins.host_time_setup(None, batch)
+    ours, _ = _standins.host_time_setup(method, batch)
+    k = 40  # more than one epoch of batches: 4096 rows in batches of 256
+    x_hand, res = hand(k), ours(k)
+    assert int(res.nit) == k
+    # float64, a few dozen steps of a well-conditioned problem: rounding only
+    np.testing.assert_allclose(x_hand.numpy(), res.x, rtol=1e-12, atol=1e-14)
+
+
+def test_host_time_rows_measure_per_iteration(monkeypatch):
+    """A row's figures are each side's seconds per run over the run's iterations, in us,
+    the AM side minimize and the baseline the hand loop."""
+    ran = []
+
+    def setup(method, batch):
+        return (lambda k: ran.append((method, batch, k))), 300
+
+    def paired(run_a, run_b, **kw):
+        run_a(), run_b()
+        return Paired(a=[3e-3] * 3, b=[1e-3] * 3)
+
+    monkeypatch.setattr(_standins, "host_time_setup", setup)
+    monkeypatch.setattr(_standins, "interleave_counted", paired)
+    m = _row(_standins.ROWS, "minimize-host-am-sgd").measure(Settings(quick=False, repeat=3))
+    assert ran == [("am-sgd", True, 300), (None, True, 300)]
+    assert m.a == pytest.approx(10.0) and m.b == pytest.approx(10.0 / 3)
+    assert m.ratio == pytest.approx(3.0) and m.unit == "us/it"
+
+
 def test_host_time_row_is_over_the_budget(monkeypatch):
     class Case:
         def __init__(self, optimizer, shapes):
@@ -260,7 +295,7 @@ def test_host_time_row_is_over_the_budget(monkeypatch):
 @needs_triton
 def test_standin_rows_run_quick():
     """Every stand-in row measures at small sizes, through the command."""
-    keys = ["triton-host-amsgd-1480", "foreach-ops", "minimize-ops"]
+    keys = ["triton-host-amsgd-1480", "foreach-ops", "minimize-ops", "minimize-host-am-sgd"]
     results = _cli.run_rows([_row(_cli.ROWS, k) for k in keys], Settings(repeat=2, quick=True))
     assert [r.status for r in results] != [] and all(r.error is None for r in results)
     assert all(r.measured is not None and r.measured.ratio > 0 for r in results)

@@ -46,6 +46,9 @@ STANDIN_TARGETS = {
     "minimize-ops": 1.0,
     "minimize-bytes-mgd": 1.1,
     "minimize-bytes-am-mgd": 1.3,
+    "minimize-host-mgd": None,  # informational: host time against hand loops
+    "minimize-host-am-mgd": None,
+    "minimize-host-am-sgd": None,
 }
 
 

@@ -362,6 +362,125 @@ def _minimize_bytes(method: str) -> Callable[[Settings], Measured]:
     return measure
 
 
+#: dimension of the quadratic, rows and features of the logistic regression and batch
+#: size of the ``minimize-host-*`` rows: arrays so small that an iteration costs its
+#: host work (what a GPU waits for between launches), not its arithmetic
+HOST_QUADRATIC_DIM = 16
+HOST_LOGISTIC = (4096, 16, 256)
+
+
+def _hand_mini_batch(problem: Any, x0: Any, lr: float, beta: float, k: int, batch: int) -> Any:
+    """The mini-batch heavy-ball loop a user writes on device arrays.
+
+    Each epoch's permutation is drawn on the host and moved to the device once; a
+    batch is a slice of it, its rows gathered on the device by the problem
+    (``batch_value_and_grad``); ``f`` is read to the host once per iteration and the
+    loop stops if it is not finite. ``d = g`` at the first step, then
+    ``d = beta d + (1 - beta) g`` and ``x = x - lr d``.
+    """
+    import math
+
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    n = problem.n_samples
+    x, d = x0.clone(), None
+    perm, pos = None, n
+    for _ in range(k):
+        if pos >= n:
+            perm, pos = torch.from_numpy(rng.permutation(n)).to(x.device), 0
+        f, g = problem.batch_value_and_grad(x, perm[pos : pos + batch])
+        pos += batch
+        if not math.isfinite(float(f)):
+            break
+        d = g if d is None else beta * d + (1.0 - beta) * g
+        x = x - lr * d
+    problem.value_and_grad(x)  # the full objective at the last iterate, as minimize
+    return x
+
+
+def host_time_setup(method: str | None, batch: bool) -> tuple[Callable[[int], Any], int]:
+    """``(run, k)``: ``run(k)`` runs ``k`` iterations of ``minimize(method=...)`` (or,
+    ``method`` None, the hand-written loop) on the tiny torch problem of the
+    ``minimize-host-*`` rows; ``k`` is the iteration count the rows time."""
+    import numpy as np
+    import torch
+
+    import amopt
+
+    if batch:
+        from amopt.problems import LogisticRegression
+
+        n, dim, size = HOST_LOGISTIC
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((n, dim))
+        # noisy labels and a small l2: bounded iterates (no underflowing exp to slow a side)
+        y = np.where(X @ rng.standard_normal(dim) + rng.standard_normal(n) > 0, 1.0, -1.0)
+        problem: Any = LogisticRegression(torch.from_numpy(X), y, l2=1e-3)
+        x0 = torch.zeros(dim, dtype=torch.float64)
+        options: dict[str, Any] = {"lr": 0.1, "batch_size": size, "seed": 0}
+        jac = None
+    else:
+        problem, x0 = _host._quadratic(HOST_QUADRATIC_DIM)
+        options, jac = {"lr": 0.5}, True
+
+    def run(k: int) -> Any:
+        if method is None:
+            if batch:
+                return _hand_mini_batch(problem, x0, options["lr"], 0.9, k, options["batch_size"])
+            return _hand_heavy_ball(problem, x0, options["lr"], 0.9, k)
+        res = amopt.minimize(
+            problem, x0, jac=jac, method=method, options={**options, "maxiter": k}
+        )
+        if int(res.nit) != k:
+            raise RuntimeError(f"minimize({method!r}) stopped after {res.nit} of {k} iterations")
+        return res
+
+    return run, 300
+
+
+def _minimize_host(method: str, batch: bool) -> Callable[[Settings], Measured]:
+    def measure(s: Settings) -> Measured:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            run_a, k = host_time_setup(method, batch)
+            run_b, _ = host_time_setup(None, batch)
+            k = 30 if s.quick else k
+
+            def timed(run: Callable[[int], Any]) -> Callable[[], float]:
+                def go() -> float:
+                    start = time.perf_counter()
+                    run(k)
+                    return time.perf_counter() - start
+
+                return go
+
+            p = interleave_counted(
+                timed(run_a), timed(run_b), repeat=s.repeat, max_seconds=s.row_seconds
+            )
+        finally:
+            torch.set_num_threads(threads)
+        if batch:
+            n, dim, size = HOST_LOGISTIC
+            what = f"dense logistic regression {n} x {dim} on torch, batch {size}"
+        else:
+            what = f"float64 torch quadratic of dimension {HOST_QUADRATIC_DIM}"
+        return Measured.from_paired(
+            p,
+            scale=1e6 / k,
+            unit="us/it",
+            note=f"{what}, CPU tensors, 1 thread; {k} iterations per run (minimize's "
+            f"set-up and closing evaluation included, the hand loop's closing evaluation "
+            f"too); {len(p.a)} pairs",
+        )
+
+    return measure
+
+
 ROWS: tuple[Row, ...] = (
     Row(
         "triton-host-adamw",
@@ -469,6 +588,36 @@ ROWS: tuple[Row, ...] = (
         "hand loop",
         1.3,
         _minimize_bytes("am-mgd"),
+    ),
+    Row(
+        "minimize-host-mgd",
+        "host time per iteration of minimize(method='mgd') / of the hand-written heavy-ball "
+        "loop reading f once per iteration, tiny torch quadratic (stands in for gpu-quad-mgd)",
+        "minimize mgd",
+        "hand loop",
+        None,
+        _minimize_host("mgd", False),
+    ),
+    Row(
+        "minimize-host-am-mgd",
+        "host time per iteration of minimize(method='am-mgd') / of the hand-written "
+        "heavy-ball loop reading f once per iteration, tiny torch quadratic (stands in for "
+        "gpu-quad-am-mgd)",
+        "minimize am-mgd",
+        "hand loop",
+        None,
+        _minimize_host("am-mgd", False),
+    ),
+    Row(
+        "minimize-host-am-sgd",
+        "host time per iteration of minimize(method='am-sgd') / of a hand-written "
+        "mini-batch heavy-ball loop (batches drawn per epoch on the device, f read once "
+        "per iteration), tiny torch logistic regression, batch 256 (stands in for "
+        "gpu-am-sgd-256)",
+        "minimize am-sgd",
+        "hand loop",
+        None,
+        _minimize_host("am-sgd", True),
     ),
 )
 
