@@ -66,6 +66,7 @@ def test_rows_carry_the_targets_of_the_issue():
         "adamw-foreach-compiled": 1.6,
         "amsgd-single-compiled": 1.6,
         "amsgd-foreach-compiled": 1.6,
+        "amsgd-compiled-floor": None,  # what a two-pass AMSGD step costs at least, here
         "amsgd-default": 1.3,
         "amsgd-default-global": None,
         "foreach-peakmem": None,
@@ -155,6 +156,27 @@ def test_optimizer_cases_step(kind):
     case.run()
     assert any(not torch.equal(a, p) for a, p in zip(before, case.params, strict=True))
     assert case.state_bytes() >= (0 if kind == "sgd_foreach" else 3_000 * 4)
+
+
+def test_read_floor_case_reads_gradients_and_buffers_then_steps_sgd():
+    case = cases.ReadFloorCase(3_000, 3)
+    # the read pass: <g, d> of every tensor, against float64 dots
+    got = case._read(case.grads, case.bufs)
+    pairs = zip(case.grads, case.bufs, strict=True)
+    want = [float(torch.dot(g.double(), d.double())) for g, d in pairs]
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-4)  # float32 sums of 1000
+    # then the compiled SGD step: one step of torch's SGD on copies
+    params = [p.detach().clone().requires_grad_() for p in case.case.params]
+    ref = torch.optim.SGD(params, lr=1e-3, momentum=0.9, dampening=0.9)
+    ref.state.update(
+        {q: {"momentum_buffer": b.clone()} for q, b in zip(params, case.bufs, strict=True)}
+    )
+    for q, g in zip(params, case.grads, strict=True):
+        q.grad = g.clone()
+    ref.step()
+    case.run()
+    for q, p in zip(params, case.case.params, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach())
 
 
 def test_am_adamw_state_is_adamw_state_plus_scalars():

@@ -83,6 +83,17 @@ def _traffic(n_tensors: int, per_layer: bool) -> Callable:
     )
 
 
+def _read_floor(foreach: bool) -> Callable:
+    return _paired_steps(
+        lambda n, t: cases.ReadFloorCase(n, t, foreach=foreach),
+        f"sgd_{'foreach' if foreach else 'single'}_compiled",
+        48,
+        False,
+        note="; the AM side is a compiled read of the gradients and buffers, then the same "
+        "compiled SGD step",
+    )
+
+
 def _over_floor(n_tensors: int, per_layer: bool) -> Callable:
     """The fused AMAdamW step against :class:`~amopt.bench.cases.TrafficCase` on its own
     tensors: what the step costs beyond its memory traffic, on this machine."""
@@ -344,6 +355,17 @@ ROWS: tuple[Row, ...] = (
         "SGD(foreach=True) compiled",
         1.6,
         _optimizers("amsgd_foreach_compiled", "sgd_foreach_compiled", 48, False),
+    ),
+    Row(
+        "amsgd-compiled-floor",
+        "floor of a compiled AMSGD step / torch.compile(SGD(momentum=0.9, dampening=0.9, "
+        "foreach=False).step): a compiled pass reading the gradients and buffers (an AM "
+        "step's reduce) plus the same SGD step, 25M params, 48 tensors (what the 1.6 of "
+        "the compiled AMSGD rows asks of the memory system)",
+        "read pass + SGD step",
+        "SGD(foreach=False) compiled",
+        None,
+        _read_floor(False),
     ),
     Row(
         "amsgd-default",

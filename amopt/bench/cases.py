@@ -33,6 +33,7 @@ __all__ = [
     "many_tensor_shapes",
     "shrunk_shapes",
     "OptimizerCase",
+    "ReadFloorCase",
     "OPTIMIZER_KINDS",
     "COMPILED_KINDS",
     "make_optimizer",
@@ -356,6 +357,41 @@ class TrafficCase:
         from amopt.torch._fused import adam_traffic
 
         adam_traffic(*self.tensors, per_layer=self.per_layer, has_x=self.has_x)
+
+
+class ReadFloorCase:
+    """The memory-traffic floor of a compiled AMSGD step, built from a compiled SGD step.
+
+    An AM step reads the gradients and the momentum buffers once before its apply (the
+    reduce, which the rule waits for: a second pass for a global scope), and its
+    apply moves what SGD's step moves. ``run()`` is a compiled pass that reads every
+    gradient and buffer of an ``SGD(momentum=0.9, dampening=0.9)`` :class:`OptimizerCase`
+    (stepped once to create its buffers), followed by that case's compiled step: on
+    the same tensors, the least any two-pass AMSGD step can cost on this machine.
+    """
+
+    def __init__(
+        self, n_params: int, n_tensors: int, *, foreach: bool = False, seed: int = 0
+    ) -> None:
+        import torch
+
+        kind = f"sgd_{'foreach' if foreach else 'single'}_compiled"
+        self.case = OptimizerCase(kind, n_params, n_tensors, seed=seed)
+        self.case.run()
+        opt = self.case.optimizer
+        params = opt.param_groups[0]["params"]
+        self.grads = [p.grad for p in params]
+        self.bufs = [opt.state[p]["momentum_buffer"] for p in params]
+
+        def read(grads: list, bufs: list) -> Any:
+            # one product per element: the pass costs its reads, not its arithmetic
+            return torch.stack([(g * d).sum() for g, d in zip(grads, bufs, strict=True)])
+
+        self._read = torch.compile(read)
+
+    def run(self) -> None:
+        self._read(self.grads, self.bufs)
+        self.case.run()
 
 
 def peak_state_memory(kind: str, n_params: int, n_tensors: int, per_layer: bool) -> dict:
