@@ -17,7 +17,12 @@
   ``minimize(method="mgd" / "am-mgd")`` read and write (:class:`Traffic`), on a
   float64 torch quadratic, against those of the hand-written heavy-ball loop of the
   ``gpu-quad-*`` rows (:class:`amopt.bench._gpu.HandHeavyBall`) on the same tensors:
-  on a large array a GPU iteration costs its memory traffic.
+  on a large array a GPU iteration costs its memory traffic;
+* ``minimize-host-*`` (informational): the time per iteration of ``minimize`` on tiny
+  torch problems, where the arrays cost nothing, against hand-written loops that read f
+  once per iteration (heavy ball, full batch; for ``am-sgd`` a mini-batch heavy-ball loop
+  drawing its batches per epoch on the device): the host work a GPU iteration waits
+  for, which decides the small-batch GPU rows.
 
 A count or a budget is the baseline of these rows; their metric says how the ratio
 is formed.
