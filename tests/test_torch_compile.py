@@ -167,3 +167,33 @@ def test_default_step_compiles_with_fullgraph(cls):
     for xs, refs in zip(got, expected, strict=True):
         for x, ref in zip(xs, refs, strict=True):
             torch.testing.assert_close(x, ref, rtol=RTOL, atol=RTOL)
+
+
+def test_cuda_default_path_resolves_triton_before_any_trace():
+    """On a CUDA machine the Triton module is resolved when ``amopt.torch`` is imported:
+    a first attempt inside a ``torch.compile(fullgraph=True)`` trace (a compiled first
+    step of CUDA parameters in a fresh process) cannot import it (Dynamo skips importlib).
+    Run in a fresh interpreter that reports CUDA as available."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import torch
+        available = torch.cuda.is_available
+        torch.cuda.is_available = lambda: True  # what a CUDA machine reports
+        from amopt.torch import _common
+        torch.cuda.is_available = available
+
+        def f(t):
+            return t + (1 if _common.triton_unavailable([t]) is None else 2)
+
+        out = torch.compile(f, fullgraph=True, backend="aot_eager")(torch.ones(3))
+        assert out.shape == (3,)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

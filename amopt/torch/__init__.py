@@ -25,7 +25,15 @@ with the system C compiler on first use; see ``amopt.torch._fused``), Triton ker
 ``pip install amopt[torch]``.
 """
 
+import torch as _torch
+
+from amopt.torch import _common
 from amopt.torch._amadamw import AMAdam, AMAdamW, am_adamw
 from amopt.torch._amsgd import AMSGD, amsgd
 
 __all__ = ["AMAdam", "AMAdamW", "AMSGD", "am_adamw", "amsgd"]
+
+if _torch.cuda.is_available():
+    # the Triton kernels are the default on CUDA: resolve them now, since a first
+    # attempt made inside a torch.compile trace cannot import them (Dynamo skips importlib)
+    _common.triton_module()
