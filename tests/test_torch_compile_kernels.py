@@ -125,6 +125,53 @@ def test_rule_from_sums_gives_the_rule_of_the_added_sums():
     torch.testing.assert_close(gamma, ref_gamma, rtol=1e-12, atol=0)
 
 
+def test_adam_rule_from_sums_weighs_as_the_eager_step_and_makes_no_tensor_of_data():
+    """The AM-Adam numerator is the weighted sum of each tensor's term sums, weighted
+    term by term with the weights as numbers (the eager step's expression, to the bit):
+    no tensor is made from host data in the operator (on a GPU a copy per step, which
+    a CUDA graph cannot capture)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from amopt import _rule
+    from amopt._config import AMConfig
+    from amopt.torch._records import rule_numbers
+
+    made = []
+
+    class Lifts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
+                made.append(func)
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(5)
+    weights = [1.0, -0.1, 0.003, 0.0201]
+    per_tensor = [torch.randn(len(weights) + 3, generator=gen, dtype=torch.float64) for _ in "ab"]
+    for row in per_tensor:
+        row[len(weights) :] = row[len(weights) :].abs()  # D and ref are sums of squares
+    config = AMConfig(lam=0.1, beta_max=0.9, per_layer=False)
+    parts = [s for row in per_tensor for s in row.unbind()]
+    beta = _traced_ops.rule_from_sums(
+        _rule.adam_beta, parts, config, torch.float64, weights=weights, lr=1e-3
+    )
+    # the operator's body, run where the mode sees its operations
+    numbers = rule_numbers(config)
+    body = _traced_ops._rule_from_sums_op._init_fn
+    with Lifts():
+        body("adam", parts, weights, numbers, False, None, 1e-3, 0.0, torch.float64)
+    assert made == []
+    nums, dens, refs = [], [], []
+    for row in per_tensor:
+        num = weights[0] * row[0]
+        for j in range(1, len(weights)):
+            num = num + weights[j] * row[j]
+        k = len(weights)
+        nums.append(num), dens.append(row[k]), refs.append(row[k + 1] + row[k + 2])
+    rows = torch.stack([torch.stack(nums).sum(), torch.stack(dens).sum(), torch.stack(refs).sum()])
+    ref = _rule.adam_beta(torch, rows[None], config, lr=1e-3)
+    torch.testing.assert_close(beta, ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("cls", [AMSGD, AMAdamW], ids=["AMSGD", "AMAdamW"])
 def test_the_compiled_rule_is_looked_up_when_it_runs(cls, monkeypatch):
     """The operator calls ``amopt._rule``'s function of the moment, as every surface

@@ -130,8 +130,12 @@ def _rule_from_sums_op(
         vv, gg, vg = per_tensor.unbind(-1)
         rows = torch.stack([vv, gg, vv + 2.0 * vg + gg], dim=-1)
     else:
-        w = torch.tensor(weights, dtype=per_tensor.dtype, device=per_tensor.device)
-        num = per_tensor[:, :k] @ w
+        # weighted term by term as the eager step does, with the weights as Python
+        # numbers: a tensor made of them would be a host-to-device copy at every step
+        # (a synchronisation, and not allowed while a CUDA graph is captured)
+        num = weights[0] * per_tensor[:, 0]
+        for j in range(1, k):
+            num = num + weights[j] * per_tensor[:, j]
         den, ref_d, ref_g = per_tensor[:, k:].unbind(-1)
         rows = torch.stack([num, den, ref_d + ref_g], dim=-1)
     if not per_layer:
