@@ -308,6 +308,59 @@ def test_functional_step_rewrites_the_addresses_of_new_gradients(per_layer, monk
     monkeypatch.setattr(tri, "build_plan", build_plan)
 
 
+def test_functional_plans_of_many_groups_each_built_once(monkeypatch):
+    """A compiled step or a functional call finds its group's plan in a cache the
+    groups share (least recently used out): twenty groups stepped in turn, for three
+    rounds, build twenty plans (a cache of the first eight in, first out rebuilt every
+    plan at every step)."""
+    from amopt._config import AMConfig
+    from amopt.torch._records import AdamHyper, AdamTensors
+
+    _stub_kernels(monkeypatch)
+    monkeypatch.setattr(tri, "_PLANS", {})
+    monkeypatch.setattr(tri, "_BY_STATE", {})
+    built = []
+    build_plan = tri.build_plan
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return build_plan(*args, **kwargs)
+
+    monkeypatch.setattr(tri, "build_plan", counted)
+    config = AMConfig(beta_max=0.9, per_layer=True)
+    h = AdamHyper(1e-3, 0.999, 1e-8, 0.0, "decoupled", False, config)
+    groups = []
+    for seed in range(20):
+        params = [p.detach() for p in _params(2, seed=seed)]
+        state = (
+            [torch.zeros_like(p) for p in params],
+            [torch.zeros_like(p) for p in params],
+            [torch.zeros(()) for _ in params],
+            [torch.ones((), dtype=torch.float64) for _ in params],
+        )
+        groups.append(AdamTensors(params, _grads(params, 0), *state))
+    for _ in range(3):
+        for t in groups:
+            tri.triton_am_adamw(t, h)
+    assert len(built) == len(groups)
+    assert [float(s) for t in groups for s in t.state_steps] == [3.0] * 40
+
+
+def test_plans_used_while_a_cuda_graph_is_captured_outlive_the_caches(monkeypatch):
+    """A captured graph replays a plan's launches with the addresses of its tables:
+    a CUDA plan used during a capture is kept for the process, others are not."""
+    import types
+
+    plan = types.SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(tri, "_CAPTURED", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert tri._in_use(plan) is plan and tri._CAPTURED == {}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert tri._in_use(plan) is plan and list(tri._CAPTURED.values()) == [plan]
+    cpu = types.SimpleNamespace(device=torch.device("cpu"))
+    assert tri._in_use(cpu) is cpu and len(tri._CAPTURED) == 1
+
+
 def test_functional_step_checks_what_its_cached_plan_cannot_see(monkeypatch):
     """The unplanned driver skips its per-tensor checks for the tensors of a cached plan
     (same addresses, sizes and dtypes); a tensor at a known address that is now of

@@ -645,9 +645,11 @@ class Plan:
 
 
 #: Layouts (block maps, scopes) by sizes and dtypes; plans by the tensors' addresses.
+#: Least recently used first: a compiled step, or a functional call, finds its plan
+#: here at every step, one per param group (a model with a group per layer has dozens).
 _LAYOUTS: dict[tuple, _Layout] = {}
 _PLANS: dict[tuple, Plan] = {}
-_CACHE_SIZE = 8
+_CACHE_SIZE = 256
 
 
 def _remember(cache: dict, key: tuple, value: Any) -> Any:
@@ -655,6 +657,27 @@ def _remember(cache: dict, key: tuple, value: Any) -> Any:
         cache.pop(next(iter(cache)))
     cache[key] = value
     return value
+
+
+def _recall(cache: dict, key: tuple) -> Any:
+    """``cache[key]`` (``None`` if absent), now the most recently used entry."""
+    value = cache.pop(key, None)
+    if value is not None:
+        cache[key] = value
+    return value
+
+
+#: Plans a CUDA graph was captured with, kept for as long as the process: the graph
+#: replays the plan's launches with the addresses of its tables and sums, which must
+#: not be freed and reused however the caches above change.
+_CAPTURED: dict[int, Plan] = {}
+
+
+def _in_use(plan: Plan) -> Plan:
+    """``plan``, kept alive (:data:`_CAPTURED`) when the current stream is capturing."""
+    if plan.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _CAPTURED[id(plan)] = plan
+    return plan
 
 
 def _acc_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
@@ -747,7 +770,9 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
     device = params[0].device
     sizes = tuple((p.dtype, p.numel()) for p in params)
     key = (device, per_layer, CHUNK, sizes, wide)
-    layout = _LAYOUTS.get(key) or _remember(_LAYOUTS, key, _layout(device, per_layer, sizes, wide))
+    layout = _recall(_LAYOUTS, key) or _remember(
+        _LAYOUTS, key, _layout(device, per_layer, sizes, wide)
+    )
     launches = []
     for launch in layout.launches:
         ptrs = [[col[i].data_ptr() for col in columns] for i in launch.members]
@@ -872,20 +897,22 @@ def _plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool = Fal
     (:func:`rebind`) rather than a new one.
     """
     key, rest, ptrs = _plan_keys(columns, per_layer, wide)
-    plan = _PLANS.get(key)
+    plan = _recall(_PLANS, key)
     if plan is not None:
-        return plan
+        _recall(_BY_STATE, rest)
+        return _in_use(plan)
     known = _BY_STATE.get(rest)
     if known is not None and len(columns) > 1:
         old_key, plan = known
         if _PLANS.get(old_key) is plan and rebind(plan, 1, ptrs[1]):
             del _PLANS[old_key]
             _PLANS[key] = plan
+            _BY_STATE.pop(rest)
             _BY_STATE[rest] = (key, plan)
-            return plan
+            return _in_use(plan)
     plan = _remember(_PLANS, key, build_plan(columns, per_layer, wide))
     _remember(_BY_STATE, rest, (key, plan))
-    return plan
+    return _in_use(plan)
 
 
 def _checked_plan(
@@ -913,7 +940,7 @@ def _checked_plan(
             return None
         if col is not columns[0] and [t.dtype for t in col] != dtypes:
             return None
-    return plan
+    return _in_use(_recall(_PLANS, key))
 
 
 # --------------------------------------------------------------------------- group state
@@ -1221,7 +1248,7 @@ def triton_amsgd(
         h = _check_sgd_hyper(name, h)
         with torch.no_grad():
             fresh = (state.steps == 0).to(torch.float64)
-            rule = _sgd_core(plan, fresh, h, amp, sync)
+            rule = _sgd_core(_in_use(plan), fresh, h, amp, sync)
             for old, (beta, _) in zip(state.betas, rule, strict=True):
                 old.copy_(_keep_where_skipped(old, beta, found_inf))
             _advance(state.steps, found_inf)
@@ -1444,7 +1471,7 @@ def triton_am_adamw(
     if plan is not None and state is not None and state.prods is not None:
         h = _check_adam_hyper(name, h)
         with torch.no_grad():
-            betas, prods = _adam_core(plan, state.steps, state.prods, h, amp, sync)
+            betas, prods = _adam_core(_in_use(plan), state.steps, state.prods, h, amp, sync)
             for old, beta in zip(state.betas, betas, strict=True):
                 old.copy_(_keep_where_skipped(old, beta, found_inf))
             for old, prod in zip(state.prods, prods, strict=True):
