@@ -276,6 +276,66 @@ def test_steps_with_reallocated_gradients_match_the_single_tensor_path(cls, kw):
     assert opt.__dict__.get("_am_plans")
 
 
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_gradients_updated_in_place_or_given_new_storage_are_read(cls, kw):
+    """The same gradient tensors at every step: written in place (``zero_grad(
+    set_to_none=False)``, then backward), or given new storage (``p.grad.data = ...``):
+    a planned step reads what they hold now, as the single-tensor path does."""
+    params = _params(5, dtypes=(torch.float64, torch.float32))
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref = cls(params, **kw), cls(ref_params, **kw, foreach=False)
+    _set_grads(params, _grads(params, 0))
+    _set_grads(ref_params, _grads(params, 0))
+    for t in range(1, 5):
+        grads = _grads(params, t)
+        for ps in (params, ref_params):
+            for p, g in zip(ps, grads, strict=True):
+                if t % 2:
+                    p.grad.copy_(g)
+                else:
+                    p.grad.data = g.clone()
+        opt.step()
+        ref.step()
+        for p, q in zip(params, ref_params, strict=True):
+            tol = 1e-8 if p.dtype == torch.float64 else 1e-5
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol)
+    assert opt.__dict__.get("_am_plans")
+
+
+def test_local_gradients_that_are_copies_are_found_anew_at_every_step():
+    """A sharded group whose local gradients are copies (a ``DTensor`` gradient
+    redistributed to its parameter's placements) reads this step's values when the
+    gradients are the same tensors updated in place; local pieces that are views of
+    the gradients are kept."""
+    from amopt.torch._records import Sharded
+
+    params = _params(3)
+    _set_grads(params, _grads(params, 0))
+    grads = [p.grad for p in params]
+    bufs = [torch.zeros_like(p) for p in params]
+    plan = tri.build_plan([params, grads, bufs], False, wide=True)
+    for copies in (True, False):
+        calls = []
+
+        def local_of_grads(ps, gs, copies=copies, calls=calls):
+            calls.append(1)
+            return [g.clone() for g in gs] if copies else list(gs)
+
+        locals_ = local_of_grads(params, grads)
+        sharded = Sharded(params, locals_, [bufs], None, local_of_grads, lambda p: p)
+        flags = ("flags",)
+        group = {"params": params}
+        gp = tri.GroupPlan(flags, params, params, grads, (bufs,), plan, None, sharded)
+        for t in (1, 2):
+            new = _grads(params, t)
+            for g, v in zip(grads, new, strict=True):
+                g.copy_(v)
+            got = gp.grads(group, flags)
+            for a, b in zip(got, new, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert len(calls) == (3 if copies else 1)
+
+
 @pytest.mark.parametrize("per_layer", [True, False])
 def test_functional_step_rewrites_the_addresses_of_new_gradients(per_layer, monkeypatch):
     """The unplanned driver (compiled and sharded steps): gradients at new addresses,

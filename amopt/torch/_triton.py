@@ -1552,6 +1552,7 @@ class GroupPlan:
     """
 
     __slots__ = (
+        "copied",
         "flags",
         "grad_ptrs",
         "grads_seen",
@@ -1588,6 +1589,7 @@ class GroupPlan:
         self.local_grads = list(grads) if sharded is None else sharded.local_grads
         self.param_ptrs = self._param_ptrs()
         self.grad_ptrs = [g.data_ptr() for g in self.local_grads]
+        self.copied = _copied(grads, self.local_grads)
         self.tensors = tensors
         self.plan = plan
         self.state = state
@@ -1606,7 +1608,7 @@ class GroupPlan:
         locals_ = (
             self.params if self.sharded is None else map(self.sharded.local_of_param, self.params)
         )
-        return [p.data_ptr() for p in locals_]
+        return list(map(Tensor.data_ptr, locals_))
 
     def grads(self, group: dict[str, Any], flags: tuple) -> list[Tensor] | None:
         """This step's (local) gradients if the plan still describes the group, else ``None``."""
@@ -1620,7 +1622,10 @@ class GroupPlan:
         for p in self.idle:
             if p.grad is not None:
                 return None
-        if not all(map(operator.is_, grads, self.grads_seen)):
+        same = all(map(operator.is_, grads, self.grads_seen)) and not self.copied
+        if same and self.sharded is None:  # the same tensors, their storage not swapped
+            same = list(map(Tensor.data_ptr, grads)) == self.grad_ptrs
+        if not same:
             try:  # data_ptr raises for None and for sparse layouts (no storage)
                 sharded = self.sharded
                 local = grads if sharded is None else sharded.local_of_grads(self.params, grads)
@@ -1641,7 +1646,19 @@ class GroupPlan:
                 self.grad_ptrs = ptrs
             self.grads_seen = grads
             self.local_grads = local
+            self.copied = _copied(grads, local)
         return self.local_grads
+
+
+def _copied(grads: Sequence[Tensor], local: Sequence[Tensor]) -> bool:
+    """Whether a local gradient is a copy of its gradient (a ``DTensor`` gradient
+    redistributed to its parameter's placements), which an update of the gradient in
+    place (``zero_grad(set_to_none=False)``, accumulation) does not reach: such a
+    group finds its local gradients anew at every step."""
+    return any(
+        getattr(g, "_local_tensor", g).data_ptr() != lg.data_ptr()
+        for g, lg in zip(grads, local, strict=True)
+    )
 
 
 def group_plan(
