@@ -198,3 +198,24 @@ def test_the_compiled_rule_is_looked_up_when_it_runs(cls, monkeypatch):
     step()
     assert calls
     assert all(float(b) == 0.0 for b in opt.latest_betas()[0])
+
+
+def test_a_tensor_lr_is_read_when_the_operator_runs_and_refused_under_capture(monkeypatch):
+    """The compiled Triton step reads a tensor ``lr`` when it runs (a scheduler's new
+    value needs no new graph); while a CUDA graph is captured that read would be
+    replayed as the captured number, so the operator refuses it, naming ``lr``."""
+    from amopt._config import AMConfig
+    from amopt.torch import _fused_ops
+    from amopt.torch._records import rule_numbers
+
+    numbers = [0.0, 0.0, *rule_numbers(AMConfig())]
+    h = _fused_ops._sgd_hyper(numbers, torch.tensor(0.25), False, False, None)
+    assert h.lr == 0.25
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(ValueError, match=r"lr as a Tensor .* CUDA graph is captured.*lr=tensor"):
+        _fused_ops._sgd_hyper(numbers, torch.tensor(0.25), False, False, None)
+    with pytest.raises(ValueError, match="lr as a Tensor"):
+        _fused_ops._adam_hyper(
+            [0.0, 0.999, 1e-8, *numbers[1:]], torch.tensor(0.25), "decoupled", False, False, None
+        )

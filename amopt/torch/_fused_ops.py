@@ -61,6 +61,21 @@ def _sgd_numbers(h: SGDHyper, lr: float) -> list[float]:
     return [lr, float(h.weight_decay), *rule_numbers(h.config)]
 
 
+def _host_lr(lr: Tensor) -> float:
+    """A tensor ``lr``, read on the host when the operator runs (a scheduler's new value
+    needs no new graph). Refused while a CUDA graph is captured
+    (``torch.compile(mode="reduce-overhead")``): its replays would keep the value read
+    at capture, whatever the scheduler sets."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            "lr as a Tensor is not supported while a CUDA graph is captured (the AM "
+            "kernels take lr as a number, read when the step runs; a replay would keep "
+            f"the captured value); got lr={lr!r}; pass a float lr (a new value then "
+            "compiles a new graph)"
+        )
+    return float(lr)
+
+
 def _adam_hyper(
     numbers: list[float],
     lr_tensor: Tensor | None,
@@ -71,7 +86,7 @@ def _adam_hyper(
 ) -> AdamHyper:
     lr, beta2, eps, weight_decay, *rule = numbers
     if lr_tensor is not None:
-        lr = float(lr_tensor)
+        lr = _host_lr(lr_tensor)
     config = rule_config_from(rule, per_layer, variant)
     return AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
 
@@ -85,7 +100,7 @@ def _sgd_hyper(
 ) -> SGDHyper:
     lr, weight_decay, *rule = numbers
     if lr_tensor is not None:
-        lr = float(lr_tensor)
+        lr = _host_lr(lr_tensor)
     return SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
 
 
