@@ -448,14 +448,9 @@ class AMAdamW(AMOptimizerBase):
             )
             if path == "triton":
                 buffers = [exp_avgs, exp_avg_sqs]
-                sharded = _distributed.plan_locals(
-                    params,
-                    grads,
-                    buffers,
-                    per_layer=group["per_layer"],
-                    process_group=process_group,
+                _distributed.keep_group_plan(
+                    self, "adam", group, flags, params, grads, buffers, process_group
                 )
-                self._keep_group_plan("adam", group, flags, params, grads, buffers, sharded)
         return loss
 
     def _planned_step(self, group: dict[str, Any], flags: tuple) -> bool:

@@ -441,14 +441,9 @@ class AMSGD(AMOptimizerBase):
             self._store_state(group, params, [("beta", betas, InfSkip(found_inf, ()))])
             if path == "triton":
                 bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
-                sharded = _distributed.plan_locals(
-                    params,
-                    grads,
-                    [bufs],
-                    per_layer=group["per_layer"],
-                    process_group=process_group,
+                _distributed.keep_group_plan(
+                    self, "sgd", group, flags, params, grads, [bufs], process_group
                 )
-                self._keep_group_plan("sgd", group, flags, params, grads, [bufs], sharded)
         return loss
 
     def _planned_step(self, group: dict[str, Any], flags: tuple, beta_max: float) -> bool:
