@@ -92,6 +92,33 @@ def _set_grads(params, grads):
         p.grad = g.clone()  # a new tensor each step, as zero_grad(set_to_none=True) leaves it
 
 
+def _with_reference(cls, kw, n):
+    """Parameters of two float dtypes, the optimizer under test (default flags) on them
+    and the single-tensor one on copies."""
+    params = _params(n, dtypes=(torch.float64, torch.float32))
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    return params, ref_params, cls(params, **kw), cls(ref_params, **kw, foreach=False)
+
+
+def _assert_as_reference(params, ref_params):
+    for p, q in zip(params, ref_params, strict=True):
+        # float64 parameters share a global scope with float32 ones, whose terms the
+        # kernels and the reference round differently: 1e-8 is far above that, far
+        # below a wrong step
+        tol = 1e-8 if p.dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol)
+
+
+def _adam_state(params):
+    """exp_avgs, exp_avg_sqs, step counters and beta1 products of a first step."""
+    return (
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros(()) for _ in params],
+        [torch.ones((), dtype=torch.float64) for _ in params],
+    )
+
+
 # --------------------------------------------------------------------------- planned steps
 
 
@@ -259,9 +286,7 @@ def test_new_gradients_rewrite_only_their_addresses(cls, kw, monkeypatch):
 def test_steps_with_reallocated_gradients_match_the_single_tensor_path(cls, kw):
     """Every step's gradients at new addresses (two float dtypes, two launches): the
     kernels read them through the rewritten tables and give the single-tensor iterates."""
-    params = _params(5, dtypes=(torch.float64, torch.float32))
-    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    opt, ref = cls(params, **kw), cls(ref_params, **kw, foreach=False)
+    params, ref_params, opt, ref = _with_reference(cls, kw, 5)
     kept = []
     for t in range(4):
         grads = _grads(params, t)
@@ -270,9 +295,7 @@ def test_steps_with_reallocated_gradients_match_the_single_tensor_path(cls, kw):
         _set_grads(ref_params, grads)
         opt.step()
         ref.step()
-        for p, q in zip(params, ref_params, strict=True):
-            tol = 1e-8 if p.dtype == torch.float64 else 1e-5
-            torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol)
+        _assert_as_reference(params, ref_params)
     assert opt.__dict__.get("_am_plans")
 
 
@@ -281,9 +304,7 @@ def test_gradients_updated_in_place_or_given_new_storage_are_read(cls, kw):
     """The same gradient tensors at every step: written in place (``zero_grad(
     set_to_none=False)``, then backward), or given new storage (``p.grad.data = ...``):
     a planned step reads what they hold now, as the single-tensor path does."""
-    params = _params(5, dtypes=(torch.float64, torch.float32))
-    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    opt, ref = cls(params, **kw), cls(ref_params, **kw, foreach=False)
+    params, ref_params, opt, ref = _with_reference(cls, kw, 5)
     _set_grads(params, _grads(params, 0))
     _set_grads(ref_params, _grads(params, 0))
     for t in range(1, 5):
@@ -296,9 +317,7 @@ def test_gradients_updated_in_place_or_given_new_storage_are_read(cls, kw):
                     p.grad.data = g.clone()
         opt.step()
         ref.step()
-        for p, q in zip(params, ref_params, strict=True):
-            tol = 1e-8 if p.dtype == torch.float64 else 1e-5
-            torch.testing.assert_close(p.detach(), q.detach(), rtol=tol, atol=tol)
+        _assert_as_reference(params, ref_params)
     assert opt.__dict__.get("_am_plans")
 
 
@@ -345,12 +364,7 @@ def test_functional_step_rewrites_the_addresses_of_new_gradients(per_layer, monk
 
     _stub_kernels(monkeypatch)
     params = [p.detach() for p in _params(6, dtypes=(torch.float64, torch.float32))]
-    state = (
-        [torch.zeros_like(p) for p in params],
-        [torch.zeros_like(p) for p in params],
-        [torch.zeros(()) for _ in params],
-        [torch.ones((), dtype=torch.float64) for _ in params],
-    )
+    state = _adam_state(params)
     config = AMConfig(beta_max=0.9, per_layer=per_layer)
     h = AdamHyper(1e-3, 0.999, 1e-8, 0.0, "decoupled", False, config)
     kept = [_grads(params, 0)]
@@ -392,12 +406,7 @@ def test_functional_plans_of_many_groups_each_built_once(monkeypatch):
     groups = []
     for seed in range(20):
         params = [p.detach() for p in _params(2, seed=seed)]
-        state = (
-            [torch.zeros_like(p) for p in params],
-            [torch.zeros_like(p) for p in params],
-            [torch.zeros(()) for _ in params],
-            [torch.ones((), dtype=torch.float64) for _ in params],
-        )
+        state = _adam_state(params)
         groups.append(AdamTensors(params, _grads(params, 0), *state))
     for _ in range(3):
         for t in groups:
@@ -431,12 +440,7 @@ def test_functional_step_checks_what_its_cached_plan_cannot_see(monkeypatch):
     _stub_kernels(monkeypatch)
     params = [torch.zeros(4, 4) for _ in range(3)]
     grads = [torch.ones(4, 4) for _ in range(3)]
-    state = (
-        [torch.zeros_like(p) for p in params],
-        [torch.zeros_like(p) for p in params],
-        [torch.zeros(()) for _ in params],
-        [torch.ones((), dtype=torch.float64) for _ in params],
-    )
+    state = _adam_state(params)
     h = AdamHyper(1e-3, 0.999, 1e-8, 0.0, "decoupled", False, AMConfig(beta_max=0.9))
     tri.triton_am_adamw(AdamTensors(params, grads, *state), h)
     available = tri.available
@@ -579,10 +583,7 @@ def test_the_triton_operators_pass_opcheck():
     adam_args = (
         [p.clone() for p in params],
         grads,
-        [torch.zeros_like(p) for p in params],
-        [torch.zeros_like(p) for p in params],
-        [torch.zeros(()) for _ in params],
-        [torch.ones((), dtype=torch.float64) for _ in params],
+        *_adam_state(params),
         None,
         None,
         torch.tensor(1e-2, dtype=torch.float64),
