@@ -6,7 +6,8 @@
   and a compiled step at 148 tensors;
 * aten operations per foreach step, AM against torch (``foreach-ops*``);
 * host synchronisations and aten operations per iteration of ``amopt.minimize`` on
-  torch tensors (``minimize-syncs``, ``minimize-ops``).
+  torch tensors (``minimize-syncs``, ``minimize-ops``), and the host time of its
+  iterations on tiny torch problems next to the hand-written loops (``minimize-host-*``).
 
 Counts are ``track_`` benchmarks: asv records them per commit like a time.
 """
@@ -103,3 +104,30 @@ class TrackMinimizeHostCounts:
         return self.counts["ops"]
 
     track_ops_per_iteration.unit = "ops"  # type: ignore[attr-defined]
+
+
+class TimeMinimizeHost:
+    """Iterations of ``minimize`` on tiny torch problems, and of the hand-written loops
+    they are measured against (``method`` "hand"): the host work of an iteration, what a
+    GPU iteration waits for (:func:`amopt.bench._standins.host_time_setup`)."""
+
+    params = (["mgd", "am-mgd", "hand"], ["full batch"])
+    param_names = ["method", "sampling"]
+    timeout = 300
+    warmup_time = 0.2
+
+    def setup(self, method: str, sampling: str) -> None:
+        self.run, self.k = _standins.host_time_setup(
+            None if method == "hand" else method, sampling == "mini-batch"
+        )
+        self.k = 30 if cases.quick() else self.k
+
+    def time_iterations(self, method: str, sampling: str) -> None:
+        self.run(self.k)
+
+
+class TimeMinimizeHostMiniBatch(TimeMinimizeHost):
+    """:class:`TimeMinimizeHost` for ``am-sgd`` at batch 256 and the hand mini-batch
+    heavy-ball loop."""
+
+    params = (["am-sgd", "hand"], ["mini-batch"])

@@ -95,6 +95,22 @@ class TimeFusedAdamTrafficFloor:
         self.case.run()
 
 
+class TimeCompiledSGDReadFloor:
+    """A compiled read of every gradient and momentum buffer, then the compiled SGD step
+    (``amsgd-compiled-floor``): the least a two-pass compiled AMSGD step costs here."""
+
+    timeout = 600
+    warmup_time = 0.5
+
+    def setup(self) -> None:
+        n, t, _ = _sizes(LAYOUTS[0])
+        self.case = cases.ReadFloorCase(n, t)
+        self.case.run()
+
+    def time_read_and_step(self) -> None:
+        self.case.run()
+
+
 class TimeSGDFamilyStep:
     """One ``step()`` of AMSGD and torch's SGD with (dampened) momentum."""
 
