@@ -262,7 +262,7 @@ def test_host_time_rows_measure_per_iteration(monkeypatch):
     the AM side minimize and the baseline the hand loop."""
     ran = []
 
-    def setup(method, batch):
+    def setup(method, batch, quick=False):
         return (lambda k: ran.append((method, batch, k))), 300
 
     def paired(run_a, run_b, **kw):
@@ -270,7 +270,7 @@ def test_host_time_rows_measure_per_iteration(monkeypatch):
         return Paired(a=[3e-3] * 3, b=[1e-3] * 3)
 
     monkeypatch.setattr(_standins, "host_time_setup", setup)
-    monkeypatch.setattr(_standins, "interleave_counted", paired)
+    monkeypatch.setattr(_standins, "interleave", paired)
     m = _row(_standins.ROWS, "minimize-host-am-sgd").measure(Settings(quick=False, repeat=3))
     assert ran == [("am-sgd", True, 300), (None, True, 300)]
     assert m.a == pytest.approx(10.0) and m.b == pytest.approx(10.0 / 3)

@@ -30,6 +30,13 @@ class Settings:
     threads: int = 1
     row_seconds: float | None = None
 
+    def apply_threads(self) -> None:
+        """``torch.set_num_threads(threads)`` for a torch row (``threads`` 0: torch's default)."""
+        if self.threads > 0:
+            import torch
+
+            torch.set_num_threads(self.threads)
+
 
 @dataclass
 class Measured:

@@ -29,13 +29,6 @@ def _sizes(s: Settings, n_params: int, n_tensors: int) -> tuple[int, int]:
     return (200_000, min(n_tensors, 8)) if s.quick else (n_params, n_tensors)
 
 
-def _set_threads(s: Settings) -> None:
-    import torch
-
-    if s.threads > 0:
-        torch.set_num_threads(s.threads)
-
-
 def _paired_steps(
     make_a: Callable[[int, int], Any],
     kind_b: str,
@@ -49,7 +42,7 @@ def _paired_steps(
     interleaved; ``compiled``: the note also counts the AM side's graphs and breaks."""
 
     def measure(s: Settings) -> Measured:
-        _set_threads(s)
+        s.apply_threads()
         n, t = _sizes(s, N_PARAMS, n_tensors)
         a = make_a(n, t)
         counts = _compile_counts(a) if compiled else ""
@@ -83,10 +76,10 @@ def _traffic(n_tensors: int, per_layer: bool) -> Callable:
     )
 
 
-def _read_floor(foreach: bool) -> Callable:
+def _read_floor() -> Callable:
     return _paired_steps(
-        lambda n, t: cases.ReadFloorCase(n, t, foreach=foreach),
-        f"sgd_{'foreach' if foreach else 'single'}_compiled",
+        lambda n, t: cases.ReadFloorCase(n, t),
+        "sgd_single_compiled",
         48,
         False,
         note="; the AM side is a compiled read of the gradients and buffers, then the same "
@@ -99,7 +92,7 @@ def _over_floor(n_tensors: int, per_layer: bool) -> Callable:
     tensors: what the step costs beyond its memory traffic, on this machine."""
 
     def measure(s: Settings) -> Measured:
-        _set_threads(s)
+        s.apply_threads()
         n, t = _sizes(s, N_PARAMS, n_tensors)
         floor = cases.TrafficCase(n, t, per_layer=per_layer)
         p = interleave(
@@ -221,7 +214,7 @@ def _llama(batch: int, path: str = "fused") -> Callable[[Settings], Measured]:
     """
 
     def measure(s: Settings) -> Measured:
-        _set_threads(s)
+        s.apply_threads()
         size: dict = {"batch": batch}
         if s.quick:
             size = {"batch": 2, "seq_len": 32, "hidden": 64, "layers": 2, "vocab": 512}
@@ -365,7 +358,7 @@ ROWS: tuple[Row, ...] = (
         "read pass + SGD step",
         "SGD(foreach=False) compiled",
         None,
-        _read_floor(False),
+        _read_floor(),
     ),
     Row(
         "amsgd-default",

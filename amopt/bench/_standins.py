@@ -405,10 +405,13 @@ def _hand_mini_batch(problem: Any, x0: Any, lr: float, beta: float, k: int, batc
     return x
 
 
-def host_time_setup(method: str | None, batch: bool) -> tuple[Callable[[int], Any], int]:
+def host_time_setup(
+    method: str | None, batch: bool, quick: bool = False
+) -> tuple[Callable[[int], Any], int]:
     """``(run, k)``: ``run(k)`` runs ``k`` iterations of ``minimize(method=...)`` (or,
     ``method`` None, the hand-written loop) on the tiny torch problem of the
-    ``minimize-host-*`` rows; ``k`` is the iteration count the rows time."""
+    ``minimize-host-*`` rows; ``k`` is the iteration count the rows time (fewer with
+    ``quick``)."""
     import numpy as np
     import torch
 
@@ -442,33 +445,19 @@ def host_time_setup(method: str | None, batch: bool) -> tuple[Callable[[int], An
             raise RuntimeError(f"minimize({method!r}) stopped after {res.nit} of {k} iterations")
         return res
 
-    return run, 300
+    return run, 30 if quick else 300
 
 
 def _minimize_host(method: str, batch: bool) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         import torch
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            run_a, k = host_time_setup(method, batch)
-            run_b, _ = host_time_setup(None, batch)
-            k = 30 if s.quick else k
-
-            def timed(run: Callable[[int], Any]) -> Callable[[], float]:
-                def go() -> float:
-                    start = time.perf_counter()
-                    run(k)
-                    return time.perf_counter() - start
-
-                return go
-
-            p = interleave_counted(
-                timed(run_a), timed(run_b), repeat=s.repeat, max_seconds=s.row_seconds
-            )
-        finally:
-            torch.set_num_threads(threads)
+        s.apply_threads()
+        run_a, k = host_time_setup(method, batch, s.quick)
+        run_b, _ = host_time_setup(None, batch, s.quick)
+        p = interleave(
+            lambda: run_a(k), lambda: run_b(k), repeat=s.repeat, max_seconds=s.row_seconds
+        )
         if batch:
             n, dim, size = HOST_LOGISTIC
             what = f"dense logistic regression {n} x {dim} on torch, batch {size}"
@@ -478,9 +467,9 @@ def _minimize_host(method: str, batch: bool) -> Callable[[Settings], Measured]:
             p,
             scale=1e6 / k,
             unit="us/it",
-            note=f"{what}, CPU tensors, 1 thread; {k} iterations per run (minimize's "
-            f"set-up and closing evaluation included, the hand loop's closing evaluation "
-            f"too); {len(p.a)} pairs",
+            note=f"{what}, CPU tensors, {torch.get_num_threads()} torch thread(s); {k} "
+            "iterations per run (minimize's set-up and closing evaluation included, the "
+            f"hand loop's closing evaluation too); {len(p.a)} pairs",
         )
 
     return measure

@@ -365,18 +365,16 @@ class ReadFloorCase:
     An AM step reads the gradients and the momentum buffers once before its apply (the
     reduce, which the rule waits for: a second pass for a global scope), and its
     apply moves what SGD's step moves. ``run()`` is a compiled pass that reads every
-    gradient and buffer of an ``SGD(momentum=0.9, dampening=0.9)`` :class:`OptimizerCase`
-    (stepped once to create its buffers), followed by that case's compiled step: on
-    the same tensors, the least any two-pass AMSGD step can cost on this machine.
+    gradient and buffer of a compiled ``SGD(momentum=0.9, dampening=0.9,
+    foreach=False)`` :class:`OptimizerCase` (stepped once to create its buffers),
+    followed by that case's compiled step: on the same tensors, the least any two-pass
+    AMSGD step can cost on this machine.
     """
 
-    def __init__(
-        self, n_params: int, n_tensors: int, *, foreach: bool = False, seed: int = 0
-    ) -> None:
+    def __init__(self, n_params: int, n_tensors: int, *, seed: int = 0) -> None:
         import torch
 
-        kind = f"sgd_{'foreach' if foreach else 'single'}_compiled"
-        self.case = OptimizerCase(kind, n_params, n_tensors, seed=seed)
+        self.case = OptimizerCase("sgd_single_compiled", n_params, n_tensors, seed=seed)
         self.case.run()
         opt = self.case.optimizer
         params = opt.param_groups[0]["params"]

@@ -44,6 +44,7 @@ __all__ = [
     "attach",
     "comm_stats",
     "join_empty",
+    "keep_group_plan",
     "localize",
     "plan_locals",
     "scope_group",

@@ -931,7 +931,7 @@ def _checked_plan(
         key, _, _ = _plan_keys(columns, per_layer, wide)
     except (AttributeError, RuntimeError, TypeError):
         return None
-    plan = _PLANS.get(key)
+    plan = _recall(_PLANS, key)
     if plan is None:
         return None
     dtypes = [p.dtype for p in columns[0]]
@@ -940,7 +940,7 @@ def _checked_plan(
             return None
         if col is not columns[0] and [t.dtype for t in col] != dtypes:
             return None
-    return _in_use(_recall(_PLANS, key))
+    return _in_use(plan)
 
 
 # --------------------------------------------------------------------------- group state
@@ -1589,7 +1589,7 @@ class GroupPlan:
         self.local_grads = list(grads) if sharded is None else sharded.local_grads
         self.param_ptrs = self._param_ptrs()
         self.grad_ptrs = [g.data_ptr() for g in self.local_grads]
-        self.copied = _copied(grads, self.local_grads)
+        self.copied = sharded is not None and _copied(grads, self.grad_ptrs)
         self.tensors = tensors
         self.plan = plan
         self.state = state
@@ -1646,18 +1646,18 @@ class GroupPlan:
                 self.grad_ptrs = ptrs
             self.grads_seen = grads
             self.local_grads = local
-            self.copied = _copied(grads, local)
+            self.copied = sharded is not None and _copied(grads, ptrs)
         return self.local_grads
 
 
-def _copied(grads: Sequence[Tensor], local: Sequence[Tensor]) -> bool:
-    """Whether a local gradient is a copy of its gradient (a ``DTensor`` gradient
-    redistributed to its parameter's placements), which an update of the gradient in
-    place (``zero_grad(set_to_none=False)``, accumulation) does not reach: such a
-    group finds its local gradients anew at every step."""
+def _copied(grads: Sequence[Tensor], local_ptrs: Sequence[int]) -> bool:
+    """Whether a sharded group's local gradient (at ``local_ptrs``) is a copy of its
+    gradient (a ``DTensor`` gradient redistributed to its parameter's placements), which
+    an update of the gradient in place (``zero_grad(set_to_none=False)``, accumulation)
+    does not reach: such a group finds its local gradients anew at every step."""
     return any(
-        getattr(g, "_local_tensor", g).data_ptr() != lg.data_ptr()
-        for g, lg in zip(grads, local, strict=True)
+        getattr(g, "_local_tensor", g).data_ptr() != ptr
+        for g, ptr in zip(grads, local_ptrs, strict=True)
     )
 
 

@@ -118,9 +118,8 @@ class TimeMinimizeHost:
 
     def setup(self, method: str, sampling: str) -> None:
         self.run, self.k = _standins.host_time_setup(
-            None if method == "hand" else method, sampling == "mini-batch"
+            None if method == "hand" else method, sampling == "mini-batch", cases.quick()
         )
-        self.k = 30 if cases.quick() else self.k
 
     def time_iterations(self, method: str, sampling: str) -> None:
         self.run(self.k)
