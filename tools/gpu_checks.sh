@@ -2,7 +2,9 @@
 # The CUDA checks in one run: the tests that need a GPU (CUDA tensors, compiled Triton
 # kernels, CUDA graphs, CuPy), then the GPU rows of the bench. Each step has its own time
 # limit so that one slow step cannot take the others' time. Logs go to $OUT (default ./out).
-#   bash tools/gpu_checks.sh [TEST_SECONDS] [BENCH_SECONDS]
+#   bash tools/gpu_checks.sh [TEST_SECONDS] [BENCH_SECONDS] [BENCH ROW KEYS...]
+# TEST_SECONDS or BENCH_SECONDS 0 skips that step; AMOPT_TEST_WORKERS (default 8) runs the
+# tests in that many pytest-xdist workers where pytest-xdist is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out}"; mkdir -p "$out"
@@ -15,14 +17,24 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)" | tee -a "$out/gpu.txt"
 
-timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -rfEs --timeout 90 \
+workers=()
+if python3 -c "import xdist" 2>/dev/null && [ "${AMOPT_TEST_WORKERS:-8}" -gt 1 ]; then
+    workers=(-n "${AMOPT_TEST_WORKERS:-8}")
+fi
+test_s="${1:-150}"; bench_s="${2:-170}"; shift 2 2>/dev/null || shift $#
+[ "$test_s" -gt 0 ] && timeout "$test_s" python3 -m pytest -v -p no:cacheprovider -rfEs \
+    --tb=short --durations=15 --timeout 120 "${workers[@]}" \
     tests/test_triton.py tests/test_triton_compile.py tests/test_triton_driver.py \
     tests/test_triton_cuda.py tests/test_torch_foreach_structure.py \
     tests/test_torch_optim_renewed.py \
     "tests/test_minimize_device_syncs.py" "tests/test_problems_sparse_device.py" \
-    -k "cuda or cupy or triton or Triton or gpu" 2>&1 | tee "$out/tests.log" | tail -40
+    -k "cuda or cupy or triton or Triton or gpu" 2>&1 | tee "$out/tests.log" \
+    | grep -v -E " PASSED| SKIPPED|^\[gw" | tail -60
 echo "tests exit: ${PIPESTATUS[0]}"
 
-timeout "${2:-170}" python3 -m amopt.bench --gpu --row-seconds 2 --json "$out/bench.json" \
+rows=()
+[ $# -gt 0 ] && rows=(--rows "$@")
+[ "$bench_s" -gt 0 ] && timeout "$bench_s" python3 -m amopt.bench --gpu --row-seconds 2 \
+    "${rows[@]}" --json "$out/bench.json" \
     2>&1 | tee "$out/bench.log" | tail -45
 echo "bench exit: ${PIPESTATUS[0]}"
