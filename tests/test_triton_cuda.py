@@ -3,8 +3,6 @@ CUDA-graph capture (skipped without CUDA; the interpreter tests cover the CPU)."
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -30,12 +28,16 @@ def _params(dtype=torch.float32):
 
 
 def _grads(params, t):
+    """Step ``t``'s gradients: a function of ``t`` and the initial parameters only, so
+    that both optimizers of a pair get the same ones whichever has stepped first."""
+    init = torch.Generator().manual_seed(0)
     gen = torch.Generator().manual_seed(10 + t)
     sign = -1.0 if t == 1 else 1.0
     return [
-        (sign * p.detach().float().cpu() + 0.3 * torch.randn(p.shape, generator=gen)).to(
-            "cuda", p.dtype
-        )
+        (
+            sign * torch.randn(p.shape, generator=init).to(p.dtype).float()
+            + 0.3 * torch.randn(p.shape, generator=gen)
+        ).to("cuda", p.dtype)
         for p in params
     ]
 
@@ -137,52 +139,6 @@ def test_reduce_overhead_compile(cls, kw):
     torch.cuda.synchronize()
     for p, q in zip(a, b, strict=True):
         torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
-
-
-def test_host_time_report():
-    """Not a timed test: prints host time per step (until step() returns) at GPT-2-small
-    shapes, for the lead's table."""
-    from amopt.bench._gpu import gpt2_small_shapes
-
-    rows = []
-    for n_rep, name in ((1, "148"), (10, "1480")):
-        shapes = [
-            tuple(s) if n_rep == 1 else (max(1, s[0] // 10),) + tuple(s[1:])
-            for s in gpt2_small_shapes()
-        ] * n_rep
-        for label, make in (
-            ("AMAdamW()", lambda ps: AMAdamW(ps, lr=1e-4)),
-            ("AdamW(fused)", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True)),
-            ("AdamW()", lambda ps: torch.optim.AdamW(ps, lr=1e-4)),
-            ("AMSGD()", lambda ps: AMSGD(ps, lr=1e-4)),
-            ("SGD(momentum)", lambda ps: torch.optim.SGD(ps, lr=1e-4, momentum=0.9)),
-        ):
-            ps = [
-                torch.nn.Parameter(torch.zeros(s, device="cuda", dtype=torch.bfloat16))
-                for s in shapes
-            ]
-            for p in ps:
-                p.grad = torch.full_like(p, 1e-3)
-            opt = make(ps)
-            for _ in range(3):
-                opt.step()
-            torch.cuda.synchronize()
-            host, total = [], []
-            for _ in range(20):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                opt.step()
-                t1 = time.perf_counter()
-                torch.cuda.synchronize()
-                host.append(t1 - t0)
-                total.append(time.perf_counter() - t0)
-            host.sort()
-            total.sort()
-            rows.append(
-                f"{name:>5} {label:14s} host {host[10] * 1e3:7.3f} ms"
-                f"  step {total[10] * 1e3:7.3f} ms"
-            )
-    print("\n" + "\n".join(rows))
 
 
 class _Copies(TorchDispatchMode):

@@ -305,7 +305,7 @@ class AMSGD(AMOptimizerBase):
 
     def _resolve_beta_max(self, index: int, group: dict[str, Any]) -> float:
         """The cap for this step, reconciling ``"beta_max"`` with its alias ``"momentum"``."""
-        applied_list = self.__dict__.setdefault("_beta_max_applied", [])
+        applied_list = self._beta_max_applied  # set by add_param_group and __setstate__
         while len(applied_list) < len(self.param_groups):
             applied_list.append(None)
         applied = applied_list[index]

@@ -34,6 +34,7 @@ from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     Sharded,
     accumulation_dtype,
     as_real,
+    kept_copy,
     real_dtype,
     scope_sums,
     wide_dtype,
@@ -459,6 +460,8 @@ class Flat:
 
 
 _COUNTS: dict[tuple[torch.device, tuple[int, ...]], Tensor] = {}
+#: Host copies of counts made while a CUDA graph was captured (replayed from there).
+_PINNED_COUNTS: list[Tensor] = []
 
 
 def _device_counts(device: torch.device, numels: tuple[int, ...]) -> Tensor:
@@ -472,7 +475,7 @@ def _device_counts(device: torch.device, numels: tuple[int, ...]) -> Tensor:
     if counts is None:
         if len(_COUNTS) >= 64:  # layouts of a few optimizers; forget the oldest
             del _COUNTS[next(iter(_COUNTS))]
-        counts = torch.tensor(numels, dtype=torch.int64).to(device, non_blocking=True)
+        counts = kept_copy(torch.tensor(numels, dtype=torch.int64), device, _PINNED_COUNTS)
         _COUNTS[key] = counts
     return counts
 
@@ -854,7 +857,9 @@ class AMOptimizerBase(Optimizer):
         """The implementation this group runs now (:func:`default_path`), warning once."""
         path, reason = default_path(params, grads, fused=group["fused"], foreach=group["foreach"])
         if reason is not None:
-            seen = self.__dict__.setdefault("_fallback_warned", set())
+            seen = self.__dict__.get("_fallback_warned")  # (torch 2.11's Dynamo: no setdefault)
+            if seen is None:
+                seen = self._fallback_warned = set()
             warn_path_fallback(reason, seen, stacklevel=4)
         return path
 

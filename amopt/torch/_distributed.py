@@ -607,7 +607,9 @@ def _replica_check_pending(optimizer: Any, group: dict[str, Any]) -> bool:
         return False
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return False
-    checked = optimizer.__dict__.setdefault("_am_replicas_checked", set())
+    checked = optimizer.__dict__.get("_am_replicas_checked")  # (no setdefault: Dynamo)
+    if checked is None:
+        checked = optimizer._am_replicas_checked = set()
     if id(group) in checked:
         return False
     dtensor = _dtensor_type()

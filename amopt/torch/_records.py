@@ -9,7 +9,8 @@ nothing here imports another module of the package.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -28,12 +29,63 @@ __all__ = [
     "Scaler",
     "accumulation_dtype",
     "as_real",
+    "kept_copy",
+    "outside_graph_pools",
     "real_dtype",
     "rule_config_from",
     "rule_numbers",
     "scope_sums",
     "wide_dtype",
 ]
+
+
+#: One side stream per CUDA device, current only while memory kept past a step is
+#: allocated (:func:`outside_graph_pools`); no kernel runs on it.
+_SIDE_STREAMS: dict[int, Any] = {}
+
+
+@contextlib.contextmanager
+def outside_graph_pools(device: torch.device) -> Iterator[None]:
+    """Allocations kept past the step that makes them (address tables, layouts, scratch
+    that plans keep), from torch's own CUDA memory pool.
+
+    While a CUDA graph is captured, and while ``torch.compile(mode="reduce-overhead")``
+    warms a step up or records it, the current stream's allocations come from the
+    graph's private pool, which refuses memory that outlives the graph's run untracked
+    ("tensor(s) in the cudagraph pool not tracked as outputs"). The pool is chosen by
+    stream, so these are allocated with a side stream current. Only allocations belong
+    in here: the copies into the memory stay on the current stream (:func:`kept_copy`),
+    in order with the kernels that read it and captured where the stream captures.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS.setdefault(index, torch.cuda.Stream(device=index))
+    with torch.cuda.stream(stream):
+        yield
+
+
+def kept_copy(host: Tensor, device: torch.device, pinned: list[Tensor] | None = None) -> Tensor:
+    """``host`` (a small table made on the host) on ``device``, in memory kept past the
+    step (:func:`outside_graph_pools`), without the host waiting for the device.
+
+    On CUDA the copy is made asynchronously from page-locked memory on the current
+    stream; where that stream captures a CUDA graph the graph replays the copy from the
+    same host memory, which is then appended to ``pinned`` to be kept for as long as
+    the caller keeps that list.
+    """
+    if device.type != "cuda":
+        return host.to(device)
+    with outside_graph_pools(device):
+        out = torch.empty(host.shape, dtype=host.dtype, device=device)
+    staged = host.pin_memory()
+    if pinned is not None and torch.cuda.is_current_stream_capturing():
+        pinned.append(staged)
+    out.copy_(staged, non_blocking=True)
+    return out
 
 
 class FusedFallbackWarning(UserWarning):

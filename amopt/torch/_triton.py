@@ -79,6 +79,8 @@ from amopt.torch._records import (
     SGDHyper,
     SGDTensors,
     Sharded,
+    kept_copy,
+    outside_graph_pools,
 )
 
 if TYPE_CHECKING:
@@ -693,10 +695,11 @@ _PINNED: list[Tensor] = []
 
 def _to(t: Tensor, device: torch.device) -> Tensor:
     """A host-built table on ``device`` (when a plan is built, never per step), copied
-    asynchronously from page-locked memory (:func:`_upload`)."""
+    asynchronously from page-locked memory into memory outside any CUDA graph's pool
+    (:func:`~amopt.torch._records.kept_copy`)."""
     if device.type == "cpu":
         return t
-    return _upload(t, device)
+    return kept_copy(t, device, _PINNED)
 
 
 def _layout(
@@ -799,6 +802,15 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
         out_dtypes = [_acc_dtype([params[r[0]].dtype]) for r in rows]
     else:
         out_dtypes = [_acc_dtype(p.dtype for p in params)]
+    with outside_graph_pools(device):  # kept by the plan across steps
+        partials = [
+            torch.empty((max(n_rows, 1), _K), dtype=acc, device=device)
+            for acc, n_rows, _, _ in layout.arrays
+        ]
+        sums = [
+            torch.empty((n_scopes, _K), dtype=acc, device=device)
+            for acc, _, _, n_scopes in layout.arrays
+        ]
     grids = [
         (
             launch,
@@ -820,14 +832,8 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
         launches=launches,
         arrays=layout.arrays,
         scope_of=layout.scope_of,
-        partials=[
-            torch.empty((max(n_rows, 1), _K), dtype=acc, device=device)
-            for acc, n_rows, _, _ in layout.arrays
-        ],
-        sums=[
-            torch.empty((n_scopes, _K), dtype=acc, device=device)
-            for acc, _, _, n_scopes in layout.arrays
-        ],
+        partials=partials,
+        sums=sums,
         rows=rows,
         out_dtypes=out_dtypes,
         grids=grids,
