@@ -9,8 +9,7 @@ nothing here imports another module of the package.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -30,7 +29,7 @@ __all__ = [
     "accumulation_dtype",
     "as_real",
     "kept_copy",
-    "outside_graph_pools",
+    "kept_empty",
     "real_dtype",
     "rule_config_from",
     "rule_numbers",
@@ -39,38 +38,62 @@ __all__ = [
 ]
 
 
-#: One side stream per CUDA device, current only while memory kept past a step is
-#: allocated (:func:`outside_graph_pools`); no kernel runs on it.
+#: One side stream per CUDA device, current while memory kept past a step is allocated
+#: during a capture (:func:`kept_empty`); no kernel runs on it.
 _SIDE_STREAMS: dict[int, Any] = {}
+#: The thread that allocates memory kept past a step outside captures (:func:`kept_empty`).
+_ALLOCATOR: list[Any] = []
 
 
-@contextlib.contextmanager
-def outside_graph_pools(device: torch.device) -> Iterator[None]:
-    """Allocations kept past the step that makes them (address tables, layouts, scratch
-    that plans keep), from torch's own CUDA memory pool.
-
-    While a CUDA graph is captured, and while ``torch.compile(mode="reduce-overhead")``
-    warms a step up or records it, the current stream's allocations come from the
-    graph's private pool, which refuses memory that outlives the graph's run untracked
-    ("tensor(s) in the cudagraph pool not tracked as outputs"). The pool is chosen by
-    stream, so these are allocated with a side stream current. Only allocations belong
-    in here: the copies into the memory stay on the current stream (:func:`kept_copy`),
-    in order with the kernels that read it and captured where the stream captures.
-    """
-    if device.type != "cuda":
-        yield
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _side_stream(index: int) -> Any:
     stream = _SIDE_STREAMS.get(index)
     if stream is None:
         stream = _SIDE_STREAMS.setdefault(index, torch.cuda.Stream(device=index))
-    with torch.cuda.stream(stream):
-        yield
+    return stream
+
+
+def _allocator_thread() -> Any:
+    if not _ALLOCATOR:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ALLOCATOR.append(ThreadPoolExecutor(1, thread_name_prefix="amopt-kept-memory"))
+    return _ALLOCATOR[0]
+
+
+def kept_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)`` for memory kept past the step
+    that makes it (address tables, layouts, scratch that plans keep), from torch's own
+    CUDA memory pool.
+
+    ``torch.compile(mode="reduce-overhead")`` warms a step up with every allocation of
+    the thread routed to its CUDA graphs' private pool, and records it with those of the
+    capturing stream routed there; a CUDA graph captured by hand routes the capturing
+    stream's. A graph pool refuses memory that outlives the graph's run untracked
+    ("tensor(s) in the cudagraph pool not tracked as outputs"), so on CUDA this memory
+    is allocated with a side stream current while the current stream captures, and by
+    another thread otherwise. It is marked as used by the current stream (freed only
+    after that stream's work on it), where the copies and kernels that use it run.
+    """
+    if device.type != "cuda":
+        return torch.empty(shape, dtype=dtype, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        with torch.cuda.stream(_side_stream(index)):
+            out = torch.empty(shape, dtype=dtype, device=device)
+    else:
+
+        def allocate() -> Tensor:
+            with torch.cuda.device(index):
+                return torch.empty(shape, dtype=dtype, device=device)
+
+        out = _allocator_thread().submit(allocate).result()
+    out.record_stream(torch.cuda.current_stream(index))
+    return out
 
 
 def kept_copy(host: Tensor, device: torch.device, pinned: list[Tensor] | None = None) -> Tensor:
     """``host`` (a small table made on the host) on ``device``, in memory kept past the
-    step (:func:`outside_graph_pools`), without the host waiting for the device.
+    step (:func:`kept_empty`), without the host waiting for the device.
 
     On CUDA the copy is made asynchronously from page-locked memory on the current
     stream; where that stream captures a CUDA graph the graph replays the copy from the
@@ -79,8 +102,7 @@ def kept_copy(host: Tensor, device: torch.device, pinned: list[Tensor] | None = 
     """
     if device.type != "cuda":
         return host.to(device)
-    with outside_graph_pools(device):
-        out = torch.empty(host.shape, dtype=host.dtype, device=device)
+    out = kept_empty(tuple(host.shape), host.dtype, device)
     staged = host.pin_memory()
     if pinned is not None and torch.cuda.is_current_stream_capturing():
         pinned.append(staged)

@@ -80,7 +80,7 @@ from amopt.torch._records import (
     SGDTensors,
     Sharded,
     kept_copy,
-    outside_graph_pools,
+    kept_empty,
 )
 
 if TYPE_CHECKING:
@@ -802,15 +802,10 @@ def build_plan(columns: Sequence[Sequence[Tensor]], per_layer: bool, wide: bool 
         out_dtypes = [_acc_dtype([params[r[0]].dtype]) for r in rows]
     else:
         out_dtypes = [_acc_dtype(p.dtype for p in params)]
-    with outside_graph_pools(device):  # kept by the plan across steps
-        partials = [
-            torch.empty((max(n_rows, 1), _K), dtype=acc, device=device)
-            for acc, n_rows, _, _ in layout.arrays
-        ]
-        sums = [
-            torch.empty((n_scopes, _K), dtype=acc, device=device)
-            for acc, _, _, n_scopes in layout.arrays
-        ]
+    partials = [
+        kept_empty((max(n_rows, 1), _K), acc, device) for acc, n_rows, _, _ in layout.arrays
+    ]
+    sums = [kept_empty((n_scopes, _K), acc, device) for acc, _, _, n_scopes in layout.arrays]
     grids = [
         (
             launch,
