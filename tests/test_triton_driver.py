@@ -625,6 +625,69 @@ def test_the_triton_operators_pass_opcheck():
     torch.library.opcheck(_fused_ops._triton_amsgd_layers_op, layers_sgd)
 
 
+def _opcheck_args():
+    """Arguments of ``amopt::triton_am_adamw_layers_`` on three float64 tensors."""
+    params = [p.detach() for p in _params(3)]
+    exp_avgs, exp_avg_sqs, steps, prods = _adam_state(params)
+    betas = [torch.zeros((), dtype=torch.float64) for _ in params]
+    numbers = [1e-2, 0.99, 1e-8, 0.01, 0.1, 0.9, 0.5, 0.7, 0.9, 0.1]
+    return (params, _grads(params, 0), exp_avgs, exp_avg_sqs, steps, prods, betas, None, None,
+            None, numbers, "decoupled", False, None)  # fmt: skip
+
+
+def test_the_operators_run_their_kernel_without_python_layers_between():
+    """A call of a Triton operator runs the driver and nothing of ``torch._library`` (the
+    Python autograd kernel, per-tensor version bumps and aliasing checks that
+    ``torch.library.custom_op`` puts around its function cost more host time than the
+    driver at a few hundred tensors)."""
+    import sys
+
+    op = torch.ops.amopt.triton_am_adamw_layers_.default
+    args = _opcheck_args()
+    op(*args)  # the plan is built
+    files = []
+
+    def record(frame, event, arg):
+        if event == "call":
+            files.append(frame.f_code.co_filename)
+
+    sys.setprofile(record)
+    try:
+        op(*args)
+    finally:
+        sys.setprofile(None)
+    assert any(f.endswith("_triton.py") for f in files), files
+    assert not [f for f in files if "_library" in f.replace("\\", "/").split("/")]
+
+
+@pytest.mark.parametrize(("cls", "kw"), CASES)
+def test_steps_bump_the_version_counters_of_what_they_write(cls, kw):
+    """As with torch's optimizers, autograd refuses a backward pass through parameters
+    that a step overwrote after the forward pass saved them, on every Triton path:
+    the first (functional) step, the planned steps, and the operator a compiled step
+    runs."""
+    params = _params(4)
+    opt = cls(params, **kw)
+    for t in range(2):
+        _set_grads(params, _grads(params, t))
+        loss = sum((p * p).sum() for p in params)
+        before = [p._version for p in params]
+        opt.step()
+        assert all(p._version > v for p, v in zip(params, before, strict=True))
+        buffers = ("exp_avg", "exp_avg_sq") if cls is AMAdamW else ("momentum_buffer",)
+        for p in params:
+            for key in buffers:
+                assert opt.state[p][key]._version > 0
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    args = _opcheck_args()
+    before = [[t._version for t in col] for col in args[:4]]
+    torch.ops.amopt.triton_am_adamw_layers_.default(*args)
+    for i in (0, 2, 3):  # params, exp_avgs, exp_avg_sqs; not the gradients
+        assert all(t._version > v for t, v in zip(args[i], before[i], strict=True))
+    assert [t._version for t in args[1]] == before[1]
+
+
 # --------------------------------------------------------------------------- layering
 
 

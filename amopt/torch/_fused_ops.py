@@ -1,13 +1,15 @@
-"""The fused CPU steps of AMSGD and AM-AdamW as ``torch.library`` custom operators.
+"""The compiled steps' operators: the fused CPU steps of AMSGD and AM-AdamW and the
+Triton (CUDA) steps, as ``torch.library`` operators.
 
-``torch.compile`` cannot trace the kernels' ctypes call; registered as the operators
-``amopt::fused_amsgd_`` and ``amopt::fused_am_adamw_`` (mutating the parameters, the
-state and the step counters in place, with fake implementations that give the shapes
-of their outputs) the call stays inside the compiled graph as one opaque node: no
-graph break, and the compiled step runs the same C kernels as the eager one. Eagerly
-the optimizers call the driver directly; the operators are only what the compiler
-sees. Where the kernels cannot run the operators take the foreach path, as the eager
-step does.
+``torch.compile`` cannot trace the kernels' ctypes call, nor a Triton step that reads
+its tensors through address tables; registered as the operators ``amopt::fused_amsgd_``,
+``amopt::fused_am_adamw_``, ``amopt::triton_amsgd_``, ``amopt::triton_am_adamw_`` and
+their per-layer ``*_layers_`` forms (mutating the parameters, the state and the step
+counters in place, with fake implementations that give the shapes of their outputs)
+the call stays inside the compiled graph as one opaque node: no graph break, and the
+compiled step runs the same kernels as the eager one. Eagerly the optimizers call the
+drivers directly; the operators are only what the compiler sees. Where the fused
+kernels cannot run the operators take the foreach path, as the eager step does.
 """
 
 from __future__ import annotations
@@ -35,6 +37,39 @@ __all__: list[str] = []
 #: The fused CPU steps with their foreach fallback, by name: given by the optimizer
 #: modules (``register_driver``), which sit above this one.
 _DRIVERS: dict[str, Callable[..., Any]] = {}
+
+
+#: The operators' library. They are defined with the dispatcher's own API rather than
+#: ``torch.library.custom_op``, whose Python layers (an autograd kernel, a version
+#: bump per mutated tensor in a Python loop and, on torch 2.11, an aliasing check
+#: taking every input tensor's storage) cost more host time per step than the Triton
+#: driver itself at a few hundred tensors; what those layers check holds by
+#: construction here (the operators return new tensors or nothing, and are not
+#: differentiated: optimizer steps run under ``no_grad``).
+_LIB = torch.library.Library("amopt", "FRAGMENT")
+
+
+def _operator(
+    name: str, mutates_args: tuple[str, ...], dispatch_key: str
+) -> Callable[[Callable[..., Any]], Any]:
+    """Define ``amopt::<name>`` from a typed function (its schema as ``custom_op``
+    infers it) with that function as its ``dispatch_key`` kernel; the operator's
+    ``OpOverload`` stands for the function. The drivers the kernels call increment the
+    autograd version counters of the tensors their kernels write, in one call, as
+    torch's in-place operators do.
+    """
+
+    def define(fn: Callable[..., Any]) -> Any:
+        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        _LIB.impl(name, fn, dispatch_key)
+        return getattr(torch.ops.amopt, name).default
+
+    return define
+
+
+def _fake(name: str) -> Callable[[Callable[..., Any]], Any]:
+    """Register the function as the fake (meta) implementation of ``amopt::<name>``."""
+    return torch.library.register_fake(f"amopt::{name}", lib=_LIB)
 
 
 def register_driver(name: str, driver: Callable[..., Any]) -> None:
@@ -104,10 +139,10 @@ def _sgd_hyper(
     return SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
 
 
-@torch.library.custom_op(
-    "amopt::fused_am_adamw_",
-    mutates_args=("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
-    device_types="cpu",
+@_operator(
+    "fused_am_adamw_",
+    ("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
+    "CPU",
 )
 def _fused_am_adamw_op(
     params: list[Tensor],
@@ -140,10 +175,10 @@ def _dtype(params: list[Tensor]) -> torch.dtype:
     return accumulation_dtype([real_dtype(p) for p in params])
 
 
-@torch.library.custom_op(
-    "amopt::fused_amsgd_",
-    mutates_args=("params", "momentum_buffer_list", "state_steps"),
-    device_types="cpu",
+@_operator(
+    "fused_amsgd_",
+    ("params", "momentum_buffer_list", "state_steps"),
+    "CPU",
 )
 def _fused_amsgd_op(
     params: list[Tensor],
@@ -169,7 +204,7 @@ def _fused_amsgd_op(
     return torch.stack(betas).to(_dtype(params))
 
 
-@_fused_amsgd_op.register_fake
+@_fake("fused_amsgd_")
 def _(params, *args):  # noqa: ANN001, ANN002, ANN202
     return params[0].new_empty((len(params),), dtype=_dtype(params))
 
@@ -192,7 +227,7 @@ def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
     return list(betas.unbind())
 
 
-@_fused_am_adamw_op.register_fake
+@_fake("fused_am_adamw_")
 def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, *args):  # noqa: ANN001, ANN002, ANN202
     n, dtype = len(params), _dtype(params)
     return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
@@ -229,9 +264,10 @@ def fused_am_adamw_traced(
 # arguments, here the tables), it is one node of the graph with the mutations declared.
 
 
-@torch.library.custom_op(
-    "amopt::triton_am_adamw_",
-    mutates_args=("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
+@_operator(
+    "triton_am_adamw_",
+    ("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
+    "CompositeExplicitAutograd",
 )
 def _triton_am_adamw_op(
     params: list[Tensor],
@@ -261,7 +297,7 @@ def _triton_am_adamw_op(
     return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
 
 
-@_triton_am_adamw_op.register_fake
+@_fake("triton_am_adamw_")
 def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, *args):  # noqa: ANN001, ANN002, ANN202
     n, dtype = len(params), _dtype(params)
     return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
@@ -300,9 +336,10 @@ def triton_am_adamw_traced(
     return list(betas.unbind()), list(prods.unbind())
 
 
-@torch.library.custom_op(
-    "amopt::triton_amsgd_",
-    mutates_args=("params", "momentum_buffer_list", "state_steps"),
+@_operator(
+    "triton_amsgd_",
+    ("params", "momentum_buffer_list", "state_steps"),
+    "CompositeExplicitAutograd",
 )
 def _triton_amsgd_op(
     params: list[Tensor],
@@ -326,7 +363,7 @@ def _triton_amsgd_op(
     return torch.stack(betas).to(_dtype(params))
 
 
-@_triton_amsgd_op.register_fake
+@_fake("triton_amsgd_")
 def _(params, *args):  # noqa: ANN001, ANN002, ANN202
     return params[0].new_empty((len(params),), dtype=_dtype(params))
 
@@ -378,9 +415,10 @@ def _store(olds: list[Tensor], news: list[Tensor], found_inf: Tensor | None) -> 
     torch._foreach_copy_(olds, news)
 
 
-@torch.library.custom_op(
-    "amopt::triton_am_adamw_layers_",
-    mutates_args=("params", "exp_avgs", "exp_avg_sqs", "state_steps", "beta1_prods", "betas"),
+@_operator(
+    "triton_am_adamw_layers_",
+    ("params", "exp_avgs", "exp_avg_sqs", "state_steps", "beta1_prods", "betas"),
+    "CompositeExplicitAutograd",
 )
 def _triton_am_adamw_layers_op(
     params: list[Tensor],
@@ -408,7 +446,7 @@ def _triton_am_adamw_layers_op(
     _store(beta1_prods, new_prods, None)  # the driver keeps the old ones on a skipped step
 
 
-@_triton_am_adamw_layers_op.register_fake
+@_fake("triton_am_adamw_layers_")
 def _(*args):  # noqa: ANN002, ANN202
     return None
 
@@ -438,9 +476,10 @@ def triton_am_adamw_layers_traced(
     )
 
 
-@torch.library.custom_op(
-    "amopt::triton_amsgd_layers_",
-    mutates_args=("params", "momentum_buffer_list", "state_steps", "betas"),
+@_operator(
+    "triton_amsgd_layers_",
+    ("params", "momentum_buffer_list", "state_steps", "betas"),
+    "CompositeExplicitAutograd",
 )
 def _triton_amsgd_layers_op(
     params: list[Tensor],
@@ -463,7 +502,7 @@ def _triton_amsgd_layers_op(
     _store(betas, new_betas, found_inf)
 
 
-@_triton_amsgd_layers_op.register_fake
+@_fake("triton_amsgd_layers_")
 def _(*args):  # noqa: ANN002, ANN202
     return None
 
