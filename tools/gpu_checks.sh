@@ -4,7 +4,9 @@
 # limit so that one slow step cannot take the others' time. Logs go to $OUT (default ./out).
 #   bash tools/gpu_checks.sh [TEST_SECONDS] [BENCH_SECONDS] [BENCH ROW KEYS...]
 # TEST_SECONDS or BENCH_SECONDS 0 skips that step; AMOPT_TEST_WORKERS (default 8) runs the
-# tests in that many pytest-xdist workers where pytest-xdist is installed.
+# tests in that many pytest-xdist workers where pytest-xdist is installed; AMOPT_PROFILE_S
+# (default 0: none) gives tools/gpu_profile.py's train and compiled profiles that many
+# seconds each, after the bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-out}"; mkdir -p "$out"
@@ -38,3 +40,12 @@ rows=()
     "${rows[@]}" --json "$out/bench.json" \
     2>&1 | tee "$out/bench.log" | tail -45
 echo "bench exit: ${PIPESTATUS[0]}"
+
+profile_s="${AMOPT_PROFILE_S:-0}"
+if [ "$profile_s" -gt 0 ]; then
+    for part in train compiled; do
+        timeout "$profile_s" python3 tools/gpu_profile.py "$part" > "$out/profile-$part.log" 2>&1
+        echo "profile $part exit: $?"
+        grep -E "^(train|kept|grads|compiled) " "$out/profile-$part.log"
+    done
+fi
