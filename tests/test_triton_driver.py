@@ -625,7 +625,7 @@ def test_the_triton_operators_pass_opcheck():
     torch.library.opcheck(_fused_ops._triton_amsgd_layers_op, layers_sgd)
 
 
-def _opcheck_args():
+def _layers_adam_args():
     """Arguments of ``amopt::triton_am_adamw_layers_`` on three float64 tensors."""
     params = [p.detach() for p in _params(3)]
     exp_avgs, exp_avg_sqs, steps, prods = _adam_state(params)
@@ -643,7 +643,7 @@ def test_the_operators_run_their_kernel_without_python_layers_between():
     import sys
 
     op = torch.ops.amopt.triton_am_adamw_layers_.default
-    args = _opcheck_args()
+    args = _layers_adam_args()
     op(*args)  # the plan is built
     files = []
 
@@ -676,7 +676,7 @@ def test_steps_bump_the_version_counters_of_what_they_write(cls, kw):
         assert all(p._version > v for p, v in zip(params, before, strict=True))
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
-    args = _opcheck_args()
+    args = _layers_adam_args()
     before = [[t._version for t in col] for col in args[:4]]
     torch.ops.amopt.triton_am_adamw_layers_.default(*args)
     assert all(t._version > v for t, v in zip(args[0], before[0], strict=True))

@@ -460,8 +460,6 @@ class Flat:
 
 
 _COUNTS: dict[tuple[torch.device, tuple[int, ...]], Tensor] = {}
-#: Host copies of counts made while a CUDA graph was captured (replayed from there).
-_PINNED_COUNTS: list[Tensor] = []
 
 
 def _device_counts(device: torch.device, numels: tuple[int, ...]) -> Tensor:
@@ -475,7 +473,7 @@ def _device_counts(device: torch.device, numels: tuple[int, ...]) -> Tensor:
     if counts is None:
         if len(_COUNTS) >= 64:  # layouts of a few optimizers; forget the oldest
             del _COUNTS[next(iter(_COUNTS))]
-        counts = kept_copy(torch.tensor(numels, dtype=torch.int64), device, _PINNED_COUNTS)
+        counts = kept_copy(torch.tensor(numels, dtype=torch.int64), device)
         _COUNTS[key] = counts
     return counts
 

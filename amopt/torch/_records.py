@@ -30,6 +30,7 @@ __all__ = [
     "as_real",
     "kept_copy",
     "kept_empty",
+    "staged",
     "real_dtype",
     "rule_config_from",
     "rule_numbers",
@@ -91,22 +92,32 @@ def kept_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     return out
 
 
-def kept_copy(host: Tensor, device: torch.device, pinned: list[Tensor] | None = None) -> Tensor:
-    """``host`` (a small table made on the host) on ``device``, in memory kept past the
-    step (:func:`kept_empty`), without the host waiting for the device.
+#: Page-locked host copies made while a CUDA graph was captured, kept for the process:
+#: the graph replays the copy from that host memory (:func:`staged`).
+_CAPTURED_HOST: list[Tensor] = []
 
-    On CUDA the copy is made asynchronously from page-locked memory on the current
-    stream; where that stream captures a CUDA graph the graph replays the copy from the
-    same host memory, which is then appended to ``pinned`` to be kept for as long as
-    the caller keeps that list.
+
+def staged(host: Tensor) -> Tensor:
+    """``host`` in page-locked memory, the source of an asynchronous host-to-device copy.
+
+    The memory comes from torch's caching host allocator, which does not hand it out
+    again before the copy from it has run. Where the current stream captures a CUDA
+    graph the graph replays the copy from this memory, so it is kept for the process.
     """
+    out = host.pin_memory()
+    if torch.cuda.is_current_stream_capturing():
+        _CAPTURED_HOST.append(out)
+    return out
+
+
+def kept_copy(host: Tensor, device: torch.device) -> Tensor:
+    """``host`` (a small table made on the host) on ``device``, in memory kept past the
+    step (:func:`kept_empty`), copied asynchronously on the current stream from
+    page-locked memory (:func:`staged`): the host does not wait for the device."""
     if device.type != "cuda":
         return host.to(device)
     out = kept_empty(tuple(host.shape), host.dtype, device)
-    staged = host.pin_memory()
-    if pinned is not None and torch.cuda.is_current_stream_capturing():
-        pinned.append(staged)
-    out.copy_(staged, non_blocking=True)
+    out.copy_(staged(host), non_blocking=True)
     return out
 
 

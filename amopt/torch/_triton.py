@@ -81,6 +81,7 @@ from amopt.torch._records import (
     Sharded,
     kept_copy,
     kept_empty,
+    staged,
 )
 
 if TYPE_CHECKING:
@@ -686,20 +687,13 @@ def _acc_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
     return torch.float64 if torch.float64 in set(dtypes) else torch.float32
 
 
-#: The pinned host copies of the tables on the GPU, kept for as long as the process: a
-#: plan built while a CUDA graph is captured (``torch.compile(mode="reduce-overhead")``
-#: records the step's first run with new input buffers) copies its tables from pinned
-#: memory, and the graph replays that copy from the same host memory.
-_PINNED: list[Tensor] = []
-
-
 def _to(t: Tensor, device: torch.device) -> Tensor:
     """A host-built table on ``device`` (when a plan is built, never per step), copied
     asynchronously from page-locked memory into memory outside any CUDA graph's pool
     (:func:`~amopt.torch._records.kept_copy`)."""
     if device.type == "cpu":
         return t
-    return kept_copy(t, device, _PINNED)
+    return kept_copy(t, device)
 
 
 def _layout(
@@ -860,10 +854,7 @@ def rebind(plan: Plan, column: int, ptrs: Sequence[int]) -> bool:
         if plan.device.type == "cpu":
             table.copy_(host)
             continue
-        staged = host.pin_memory()
-        if torch.cuda.is_current_stream_capturing():  # replayed from this memory
-            _PINNED.append(staged)
-        table.copy_(staged, non_blocking=True)
+        table.copy_(staged(host), non_blocking=True)
     return True
 
 
@@ -1027,15 +1018,12 @@ def _upload(t: Tensor, device: torch.device) -> Tensor:
     """A small host tensor made at a step, on ``device`` without a synchronisation.
 
     A copy from pageable memory makes the host wait for the stream; this one is staged
-    in page-locked memory from torch's caching host allocator (not handed out again
-    before the copy has run) and copied asynchronously.
+    in page-locked memory (:func:`~amopt.torch._records.staged`) and copied
+    asynchronously.
     """
     if device.type != "cuda":
         return t.to(device)
-    staged = t.pin_memory()
-    if torch.cuda.is_current_stream_capturing():  # replayed from this memory
-        _PINNED.append(staged)
-    return staged.to(device, non_blocking=True)
+    return staged(t).to(device, non_blocking=True)
 
 
 def _stacked(values: Sequence[Tensor], device: torch.device, dtype: torch.dtype) -> Tensor:
