@@ -550,41 +550,70 @@ def am_momentum_apply(
     grads: Any,
     state: AMState,
     pending: Any,
-    sums: list[float],
+    sums: list,
     *,
     lr: float,
     f: Any,
     config: AMConfig,
 ) -> tuple[Any, AMState, Any]:
-    """The rest of :func:`am_momentum_step`: the rule on the host ``sums``, then the apply.
+    """The rest of :func:`am_momentum_step`: the rule on the ``sums``, then the apply.
 
-    ``sums`` are the values of :func:`am_momentum_sums`'s arrays; ``f`` the host value
-    of the objective. Returns what :func:`am_momentum_step` returns, with host betas.
+    ``sums`` are the values of :func:`am_momentum_sums`'s arrays (host floats; ``f`` the
+    host value of the objective) or those arrays themselves (the rule then runs on the
+    device, in float64, on the same values; ``f`` a 0-d array there). Returns what
+    :func:`am_momentum_step` returns, with host betas or 0-d device betas.
     """
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     ds, diffs, exact, xp = pending
-    f_decrease = state.f_prev - f if exact else None
-    beta, gamma = _host_rule(
-        _rule.momentum_beta,
-        _momentum_sums_of(sums, exact),
-        5 if exact else 3,
-        config,
-        lr=lr,
-        f_decrease=f_decrease,
-    )
+    on_device = bool(sums) and not isinstance(sums[0], float | np.generic)
+    if on_device:
+        if f is not None and f.dtype != xp.float64:
+            f = xp.astype(f, xp.float64)
+        f_decrease = state.f_prev - f if exact else None
+        beta, gamma = _rule.momentum_beta(
+            xp, _momentum_sums_on(xp, sums, exact), config, lr=lr, f_decrease=f_decrease
+        )
+        f_next = f
+    else:
+        f_decrease = state.f_prev - f if exact else None
+        beta, gamma = _host_rule(
+            _rule.momentum_beta,
+            _momentum_sums_of(sums, exact),
+            5 if exact else 3,
+            config,
+            lr=lr,
+            f_decrease=f_decrease,
+        )
+        f_next = float(f)
     new_d: list[Array] = list(ds)
     for k, scope in enumerate(scopes(len(xs), config.per_layer)):
         for i in scope:
-            coef = _host_scalar(xp, gamma[k], gs[i].dtype)
+            if on_device:
+                coef = cast(xp, gamma[k], gs[i].dtype)
+            else:
+                coef = _host_scalar(xp, gamma[k], gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
             # d - g is the sums' own where they were formed in the arrays' dtype.
             v = ds[i] - gs[i] if diffs[i] is None else diffs[i]
             new_d[i] = gs[i] + coef * v
     new_x = tuple(x - lr * d for x, d in zip(xs, new_d, strict=True))
-    new_state = AMState(state.step + 1, tuple(new_d), float(f), state.d_from_g)
-    betas = tuple(np.float64(b) for b in beta.reshape(-1))
+    new_state = AMState(state.step + 1, tuple(new_d), f_next, state.d_from_g)
+    if on_device:
+        betas = tuple(beta[k] for k in range(beta.shape[0]))
+    else:
+        betas = tuple(np.float64(b) for b in beta.reshape(-1))
     return restore(new_x, single), new_state, (betas if config.per_layer else betas[0])
+
+
+def _momentum_sums_on(xp: Any, sums: list, exact: bool) -> Array:
+    """:func:`_momentum_sums_of` on the device: the rule's sums of each scope, float64."""
+    s = xp.reshape(xp.stack(sums), (-1, 3))
+    if s.dtype != xp.float64:
+        s = xp.astype(s, xp.float64)
+    vv, gg, vg = s[:, 0], s[:, 1], s[:, 2]
+    dd = vv + 2.0 * vg + gg
+    return xp.stack([vv, gg, dd, vg, vv + vg] if exact else [vv, gg, dd], axis=-1)
 
 
 # --------------------------------------------------------------------------- Adam / AdamW

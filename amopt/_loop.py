@@ -13,7 +13,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat
 import numpy as np
@@ -22,7 +22,7 @@ from scipy.optimize import OptimizeResult, OptimizeWarning
 from amopt import _lazy
 from amopt._config import check_bool, check_int, check_nonnegative
 from amopt._finite_sum import FiniteSum
-from amopt._lazy._device import is_device, read, to_device
+from amopt._lazy._device import asynchronous, is_device, read, start_read, to_device
 from amopt.backends import array_namespace, is_array
 
 __all__ = ["STATUS_MESSAGES"]
@@ -931,6 +931,23 @@ class _Reads:
         point of ``f`` (default ``xs``), whose squared norm is read when the method's f
         includes the decay.
         """
+        return self.finish(self.start(xs, f, g_c, sums, x_only=x_only, at=at, x_max=x_max))
+
+    def start(
+        self,
+        xs: tuple | None,
+        f: Any,
+        g_c: tuple,
+        sums: list,
+        x_only: bool = False,
+        at: tuple | None = None,
+        x_max: bool = False,
+        sq: bool | None = None,
+        extra: list = (),
+    ) -> tuple:
+        """:meth:`point` up to the transfer, which is started (:func:`start_read`);
+        :meth:`finish` waits for it. ``sq=False`` leaves ``|at|^2`` out; ``extra``
+        values are read too (``"extra"`` of the result)."""
         if xs is None:
             x_parts = []
         else:
@@ -944,11 +961,18 @@ class _Reads:
                 g_parts = [] if self.g_sq is not None else self._squares(g_c)
             else:
                 g_parts = self._min_max(g_c) if exact_g else self._sums(g_c)
-            sq_parts = self._sq(xs if at is None else at) if self.sq else []
+            with_sq = self.sq if sq is None else sq
+            sq_parts = self._sq(xs if at is None else at) if with_sq else []
             f_part = [f]
-        values = read(self.xp, [*x_parts, *f_part, *g_parts, *sq_parts, *sums])
         i, j = len(x_parts), len(x_parts) + len(f_part)
         k, m = j + len(g_parts), j + len(g_parts) + len(sq_parts)
+        pending = start_read(self.xp, [*x_parts, *f_part, *g_parts, *sq_parts, *sums, *extra])
+        return pending, (i, j, k, m, m + len(sums)), xs, g_c, dots, x_max, bool(f_part)
+
+    def finish(self, started: tuple) -> dict:
+        """The values of a :meth:`start`; waits for its transfer."""
+        pending, (i, j, k, m, n), xs, g_c, dots, x_max, with_f = started
+        values = pending.values()
         total = 0.0
         for v in values[k:m]:
             total += v
@@ -960,9 +984,9 @@ class _Reads:
                 x_ok = _all_finite([self._exact_max_abs(xs)])
         g_hi = math.nan
         if dots:
-            gg = math.fsum(values[j:k]) if self.g_sq is None else self.g_sq(values[m:])
+            gg = math.fsum(values[j:k]) if self.g_sq is None else self.g_sq(values[m:n])
             g, g_hi = self._from_dots(gg, g_c)
-        elif exact_g:
+        elif self.exact_g:
             g = g_hi = _max_abs_of(values[j:k])
         else:
             g = _all_finite(values[j:k])
@@ -970,12 +994,137 @@ class _Reads:
                 g = _all_finite([self._exact_max_abs(g_c)])
         return {
             "x": x_ok,
-            "f": values[i] if f_part else math.nan,
+            "f": values[i] if with_f else math.nan,
             "g": g,
             "g_hi": g_hi,
             "sq": total,
-            "sums": values[m:],
+            "sums": values[m:n],
+            "extra": values[n:],
         }
+
+
+#: Whether full-batch runs on device arrays are pipelined (:func:`_run_pipelined`):
+#: None chooses by the arrays (an asynchronous device, no callback).
+_PIPELINE: bool | None = None
+
+
+class _Point(NamedTuple):
+    """An iterate of the pipelined loop, its evaluation, and its values on their way."""
+
+    xs: tuple
+    f: Any
+    gs: tuple
+    g_c: tuple
+    state: Any
+    pending: Any
+    sums: list
+    read: tuple
+    per_layer: bool = False
+
+
+def _run_pipelined(
+    layout, obj, step, split, reads, bound, *, maxiter, gtol, is_am, wd
+) -> OptimizeResult:
+    r"""The full-batch loop of :func:`_run_device` with the device one iteration ahead.
+
+    The values of iterate :math:`x_{t+1}` (its objective, gradient test, finiteness and,
+    for AM, the beta of the step that made it) are read while the step from
+    :math:`x_{t+1}` to :math:`x_{t+2}` is already queued: the host waits for the device
+    at most one step behind it, so the host's work for one iteration overlaps the
+    device's work for the previous one instead of adding to it. The AM rule therefore
+    runs on the device (``split.on_device``, or the whole core step), on the same
+    float64 values as the host rule of :func:`_run_device`.
+
+    The tests, their order and the result are those of :func:`_run_device`: ``nit``,
+    the status and the returned iterate are the same. A run that stops on ``gtol`` or
+    on a non-finite iterate has evaluated ``fun`` once more, at the step queued past
+    the stopping point (counted in ``nfev``); a ``maxiter`` run has not.
+    """
+    xp = layout.xp
+
+    def method_f(f: Any, at: tuple) -> Any:
+        # the device F = f + wd/2 |x|^2 of the step, on the float64 values the host adds
+        if not reads.sq:
+            return f
+        total = xp.astype(f, xp.float64) if f.dtype != xp.float64 else f
+        sq = None
+        for part in reads._sq(at):
+            part = part if part.dtype == xp.float64 else xp.astype(part, xp.float64)
+            sq = part if sq is None else sq + part
+        return total if sq is None else total + (0.5 * wd) * sq
+
+    def evaluate(xs: tuple, state: Any) -> tuple:
+        f, gs = obj(xs)
+        g_c = reads.coupled(xs, gs)
+        pending, sums = None, []
+        if split is not None:
+            state, pending, sums = split.sums(xs, g_c, state)
+            sums = sums if isinstance(sums, list) else [sums]
+        return f, gs, g_c, state, pending, sums
+
+    def launch(pt: _Point) -> _Point:
+        f_c = method_f(pt.f, pt.xs)
+        if split is not None:
+            new_xs, state, beta = split.apply(pt.xs, pt.g_c, f_c, pt.state, pt.pending, pt.sums)
+        else:
+            new_xs, state, beta = step(pt.xs, pt.g_c, f_c, pt.state)
+        f, gs, g_c, state, pending, sums = evaluate(new_xs, state)
+        per_layer = isinstance(beta, tuple)
+        betas = list(beta) if per_layer else [] if beta is None else [beta]
+        # with a bound, the finiteness of x is proven on the host when the bound allows
+        check = new_xs if bound is None else None
+        read = reads.start(check, f, g_c, sums, at=new_xs, sq=False, extra=betas)
+        return _Point(new_xs, f, gs, g_c, state, pending, sums, read, per_layer)
+
+    xs = layout.arrays
+    f, gs, g_c, state, pending, sums = evaluate(xs, None)
+    got = reads.finish(reads.start(xs, f, g_c, sums, x_max=bound is not None, sq=False))
+    cur = _Point(xs, f, gs, g_c, state, pending, sums, ())
+    if bound is not None:
+        bound.x = got["x"]
+    f, gnorm, g_max = got["f"], _gnorm(gtol, got["g"]), got["g_hi"]
+    reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
+    if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
+        reason = "nonfinite"
+    betas: list[Any] = []
+    nit = 0
+    nxt = None
+    while reason is None:
+        if gtol > 0 and gnorm <= gtol:
+            reason = "gtol"
+            break
+        if nit >= maxiter:
+            reason = "maxiter"
+            break
+        if nxt is None:
+            nxt = launch(cur)
+        # queued before waiting for nxt's values: the device works while the host waits
+        after = launch(nxt) if nit + 1 < maxiter else None
+        got = reads.finish(nxt.read)
+        if bound is not None and not bound.step(g_max):
+            x_ok = reads.point(nxt.xs, None, (), [], x_only=True)["x"]
+        else:
+            x_ok = got["x"]
+        if not math.isfinite(x_ok):
+            reason = "nonfinite"
+            break
+        gnorm_new = _gnorm(gtol, got["g"])
+        if not (math.isfinite(got["f"]) and math.isfinite(gnorm_new)):
+            reason = "nonfinite"
+            break
+        cur, nxt = nxt, after
+        f, gnorm, g_max = got["f"], gnorm_new, got["g_hi"]
+        nit += 1
+        if is_am:
+            values = tuple(np.float64(v) for v in got["extra"])
+            betas.append(values if cur.per_layer else values[0])
+    gs = layout.copy(cur.gs)  # the caller's gradient, not aliased by the result
+    return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None)
+
+
+def _gnorm(gtol: float, g_max: float) -> float:
+    """The ``gtol`` test's value: ``max|g|``, or, without a test, 0 if finite, else NaN."""
+    return g_max if gtol > 0 else (0.0 if math.isfinite(g_max) else math.nan)
 
 
 def _run_device(
@@ -1027,9 +1176,6 @@ def _run_device(
         # f of the method: that of F = f + wd/2 |x|^2 when decay_in_f (as _run's coupled)
         return f + 0.5 * wd * sq if reads.sq else f
 
-    def gnorm_of(g_max: float) -> float:
-        return g_max if gtol > 0 else (0.0 if math.isfinite(g_max) else math.nan)
-
     def prepare(arrays: tuple, g_c: tuple) -> list:
         nonlocal state, pending
         if split is None:
@@ -1042,13 +1188,22 @@ def _run_device(
             return step(arrays, g_c, f_step, state)
         return split.apply(arrays, g_c, f_step, state, pending, values)
 
+    pipelined = _PIPELINE if _PIPELINE is not None else asynchronous(layout.arrays)
+    if sampler is None and cb is None and pipelined:
+        on_device = split if split is not None and split.on_device else None
+        if on_device is None and split is not None:  # the whole step, its rule on the device
+            reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, None)
+        return _run_pipelined(
+            layout, obj, step, on_device, reads, bound,
+            maxiter=maxiter, gtol=gtol, is_am=is_am, wd=wd,
+        )  # fmt: skip
     if sampler is None:
         f, gs = obj(xs)
         g_c = reads.coupled(xs, gs)
         got = reads.point(xs, f, g_c, prepare(xs, g_c), x_max=bound is not None)
         if bound is not None:
             bound.x = got["x"]
-        f, gnorm, sums, g_max = got["f"], gnorm_of(got["g"]), got["sums"], got["g_hi"]
+        f, gnorm, sums, g_max = got["f"], _gnorm(gtol, got["g"]), got["sums"], got["g_hi"]
         f_c = method_f(f, got["sq"])
         reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
@@ -1069,7 +1224,7 @@ def _run_device(
             if not math.isfinite(got["x"]):
                 reason = "nonfinite"
                 break
-            gnorm_new = gnorm_of(got["g"])
+            gnorm_new = _gnorm(gtol, got["g"])
             if not (math.isfinite(got["f"]) and math.isfinite(gnorm_new)):
                 reason = "nonfinite"
                 break
@@ -1107,7 +1262,7 @@ def _run_device(
                 reason = "nonfinite"
                 break
             unchecked = None
-        gnorm_b = gnorm_of(got["g"])
+        gnorm_b = _gnorm(gtol, got["g"])
         if not (math.isfinite(got["f"]) and math.isfinite(gnorm_b)):
             reason = "nonfinite"
             break

@@ -88,12 +88,15 @@ class _Split(NamedTuple):
     (``state`` None: the initial state); ``apply(xs, gs, f, state, pending, values)
     -> (xs, state, beta)`` runs the rule on the host ``values`` of ``sums`` and queues
     the update. ``g_sq(values)``, where given, is :math:`\|g\|^2` over all arrays from
-    those values (the loop then reads nothing else for the gradient).
+    those values (the loop then reads nothing else for the gradient). With
+    ``on_device``, ``apply`` also takes the ``sums`` arrays themselves and runs the rule
+    on the device (the pipelined loop, which does not wait for the values).
     """
 
     sums: Callable
     apply: Callable
     g_sq: Callable | None = None
+    on_device: bool = False
 
 
 # A step factory takes the method's options (given or default) and returns the core
@@ -149,7 +152,7 @@ def _am_momentum(options: dict) -> tuple[Callable, dict]:
         # the sums are <v,v>, <g,g>, <v,g> per scope (amopt._core.am_momentum_sums)
         return math.fsum(values[1::3])
 
-    return step, run | {"split": _Split(sums, apply, g_sq), "growth": ("am", lr)}
+    return step, run | {"split": _Split(sums, apply, g_sq, on_device=True), "growth": ("am", lr)}
 
 
 def _adam_options(options: dict) -> tuple[float, tuple[float, float], float, float]:

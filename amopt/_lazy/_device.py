@@ -8,6 +8,12 @@ and reads them with :func:`read`: one stack on the device, one copy to the host.
 dask loop (:mod:`amopt._lazy._session`) does the same with one ``dask.persist`` per
 step.
 
+Where the device runs ahead of the host (torch CUDA tensors, CuPy arrays:
+:func:`asynchronous`), :func:`start_read` queues that copy into page-locked host
+memory behind the work already submitted and returns at once; the loop waits for it
+(:meth:`Pending.values`) after it has queued the next iteration, so that the host's
+work overlaps the device's instead of adding to it.
+
 :func:`to_device` moves the sampler's host index arrays (one per epoch) to the
 device without waiting for the device's queue where the library allows it.
 """
@@ -21,7 +27,7 @@ import numpy as np
 
 from amopt.backends import to_numpy
 
-__all__ = ["is_device", "read", "to_device"]
+__all__ = ["Pending", "asynchronous", "is_device", "read", "start_read", "to_device"]
 
 
 def is_device(arrays: Any) -> bool:
@@ -40,6 +46,89 @@ def _to_host_list(packed: Any) -> list[float]:
     return to_numpy(packed).tolist()
 
 
+def asynchronous(arrays: Any) -> bool:
+    """True when the values of ``arrays`` are computed by a device queue that runs
+    ahead of the host: torch tensors on a CUDA (or ROCm) device, CuPy arrays."""
+    if not arrays:
+        return False
+    a = arrays[0]
+    if array_api_compat.is_torch_array(a):
+        return a.device.type == "cuda"
+    return array_api_compat.is_cupy_array(a)
+
+
+class Pending:
+    """The values of :func:`start_read`, on their way to the host.
+
+    :meth:`values` waits for the copy (the one synchronisation) and returns the
+    values as Python floats, in the order given.
+    """
+
+    __slots__ = ("_given", "_packed", "_host", "_event", "_keep")
+
+    def __init__(self, given: list, packed: Any, host: Any, event: Any, keep: Any = None):
+        self._given, self._packed, self._host, self._event, self._keep = (
+            given, packed, host, event, keep
+        )  # fmt: skip
+
+    def values(self) -> list[float]:
+        """The floats of the values given to :func:`start_read`; waits for the copy."""
+        given = self._given
+        if self._packed is None:
+            return [float(v) for v in given]
+        if self._event is None:  # a synchronous library: the copy is made now
+            host = _to_host_list(self._packed)
+        else:
+            self._event.synchronize()
+            host = self._host.tolist()
+        self._packed = self._host = self._event = self._keep = None
+        got = iter(host)
+        return [float(v) if isinstance(v, _HOST) else next(got) for v in given]
+
+
+def _pack(xp: Any, device: list) -> Any:
+    """``device`` (0-d arrays) cast to float64 (float32 on MPS) and stacked: one array."""
+    wide = xp.float64
+    if getattr(getattr(device[0], "device", None), "type", None) == "mps":
+        wide = xp.float32
+    return xp.stack([v if v.dtype == wide else xp.astype(v, wide) for v in device])
+
+
+def start_read(xp: Any, values: list) -> Pending:
+    """Start reading ``values`` (0-d arrays of ``xp``, or host numbers) to the host.
+
+    On an :func:`asynchronous` device the stack of the device values is copied into
+    page-locked host memory on the current stream, behind the work queued so far,
+    without waiting; elsewhere the copy is made when :meth:`Pending.values` is called.
+    """
+    device = [v for v in values if not isinstance(v, _HOST)]
+    if not device:
+        return Pending(values, None, None, None)
+    packed = _pack(xp, device)
+    if not asynchronous([packed]):
+        return Pending(values, packed, None, None)
+    if array_api_compat.is_torch_array(packed):
+        import torch
+
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(packed.device))
+        return Pending(values, packed, host, event)
+    import cupy
+
+    with packed.device:
+        pinned = cupy.cuda.alloc_pinned_memory(packed.nbytes)
+        host = np.frombuffer(pinned, packed.dtype, packed.size)
+        stream = cupy.cuda.get_current_stream()
+        try:
+            cupy.asnumpy(packed, stream=stream, out=host, blocking=False)
+        except TypeError:  # CuPy < 13 copies synchronously only: read when waited for
+            return Pending(values, packed, None, None)
+        event = stream.record()
+    return Pending(values, packed, host, event, pinned)
+
+
 def read(xp: Any, values: list) -> list[float]:
     """The values of ``values`` (0-d arrays of ``xp``, or host numbers) as floats, in one transfer.
 
@@ -49,11 +138,7 @@ def read(xp: Any, values: list) -> list[float]:
     device = [v for v in values if not isinstance(v, _HOST)]
     if not device:
         return [float(v) for v in values]
-    wide = xp.float64
-    if getattr(getattr(device[0], "device", None), "type", None) == "mps":
-        wide = xp.float32
-    packed = xp.stack([v if v.dtype == wide else xp.astype(v, wide) for v in device])
-    got = iter(_to_host_list(packed))
+    got = iter(_to_host_list(_pack(xp, device)))
     return [float(v) if isinstance(v, _HOST) else next(got) for v in values]
 
 

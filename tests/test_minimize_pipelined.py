@@ -1,0 +1,256 @@
+"""The pipelined device loop: the host reads iterate t while the step to t + 1 is queued.
+
+On an asynchronous device (torch CUDA tensors, CuPy arrays) ``minimize`` runs its
+full-batch loop one step ahead of its reads (``amopt._loop._run_pipelined``). torch
+tensors on the CPU take it when ``amopt._loop._PIPELINE`` forces it; a read there is
+made when the loop waits for it, so the order of evaluations and waits is the
+pipeline's. The reference is the waiting loop (``_PIPELINE = False``) on the same
+tensors and, for the non-finite runs, NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import amopt
+from amopt import _loop
+from amopt._lazy import _device
+from amopt.backends import library_available
+
+from test_minimize_device_syncs import (
+    FULL,
+    _Blowup,
+    _DeviceLeastSquares,
+    _per_iteration,
+)
+
+#: methods whose pipelined step is another formulation of the same rule (the whole
+#: core step, its sums formed otherwise): equal within rounding, not bit for bit
+REFORMULATED = {"am-adam", "am-adamw"}
+
+
+@pytest.fixture
+def pipelined(monkeypatch):
+    def run(flag, *args, **kwargs):
+        monkeypatch.setattr(_loop, "_PIPELINE", flag)
+        return amopt.minimize(*args, **kwargs)
+
+    return run
+
+
+def _list_problem():
+    """Two arrays, float64 and float32, and the least-squares objective over both."""
+    gen = torch.Generator().manual_seed(1)
+    targets = [
+        torch.randn(5, 3, generator=gen, dtype=torch.float64),
+        torch.randn(3, generator=gen),
+    ]
+
+    def fun(xs):
+        return sum(0.5 * ((x - t) ** 2).sum() for x, t in zip(xs, targets, strict=True))
+
+    def jac(xs):
+        return [x - t for x, t in zip(xs, targets, strict=True)]
+
+    return fun, jac, [torch.zeros(5, 3, dtype=torch.float64), torch.zeros(3)]
+
+
+CASES = {
+    "maxiter": {"maxiter": 30, "gtol": 0.0, "lr": 0.01},
+    "gtol": {"maxiter": 500, "gtol": 1e-3, "lr": 0.05},
+    "gtol-at-x0": {"maxiter": 5, "gtol": 1e9, "lr": 0.05},
+    "maxiter-0": {"maxiter": 0, "lr": 0.05},
+    "decay": {"maxiter": 40, "gtol": 1e-4, "lr": 0.05, "weight_decay": 0.1},
+}
+
+
+def _extra_evaluations(res, maxiter):
+    """Evaluations the pipeline queued past the stop: the step after the returned
+    iterate's successor was queued before the successor's values were read."""
+    if res.status == 0:  # gtol at iterate nit: the step from it was queued if nit >= 1
+        return 1 if 0 < res.nit < maxiter else 0
+    if res.status == 2:  # iterate nit + 1 non-finite: the one after it queued too
+        return 1 if res.nit + 1 < maxiter else 0
+    return 0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("method", FULL)
+def test_pipelined_runs_are_the_runs_of_the_waiting_loop(pipelined, method, case):
+    opts = dict(CASES[case])
+    if method == "am-mgd" and case == "decay":
+        opts["numerator"] = "exact"  # f + wd/2 |x|^2 enters the rule: formed on the device
+    prob = _DeviceLeastSquares()
+    x0 = torch.zeros(20, dtype=torch.float64)
+    want = pipelined(False, prob, x0, method=method, options=opts)
+    got = pipelined(True, prob, x0, method=method, options=opts)
+    assert (got.nit, got.status, got.message) == (want.nit, want.status, want.message)
+    assert got.nfev == want.nfev + _extra_evaluations(want, opts["maxiter"])
+    if case == "gtol":
+        assert want.status == 0 and 0 < want.nit < opts["maxiter"]  # the case is a gtol stop
+    if method in REFORMULATED:
+        # float64, a well-conditioned problem: the two formulations round differently
+        np.testing.assert_allclose(got.x, want.x, rtol=1e-12, atol=1e-14)
+        assert math.isclose(float(got.fun), float(want.fun), rel_tol=1e-12)
+        np.testing.assert_allclose(got.betas, want.betas, rtol=0, atol=1e-9)
+    else:
+        # the same operations on the same values in the same order
+        assert torch.equal(got.x, want.x) and torch.equal(got.jac, want.jac)
+        assert float(got.fun) == float(want.fun)
+        if "betas" in want:
+            np.testing.assert_array_equal(got.betas, want.betas)
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("method", ["mgd", "am-mgd", "adamw", "am-adamw"])
+def test_pipelined_parameter_lists_of_two_dtypes(pipelined, method, per_layer):
+    fun, jac, x0 = _list_problem()
+    opts = {"lr": 0.1, "gtol": 1e-3, "maxiter": 200}
+    if method.startswith("am-"):
+        opts["per_layer"] = per_layer
+    want = pipelined(False, fun, x0, jac=jac, method=method, options=opts)
+    got = pipelined(True, fun, x0, jac=jac, method=method, options=opts)
+    assert (got.nit, got.status) == (want.nit, want.status)
+    if method not in REFORMULATED:
+        assert all(torch.equal(a, b) for a, b in zip(got.x, want.x, strict=True))
+        if method.startswith("am-"):
+            np.testing.assert_array_equal(got.betas, want.betas)
+        return
+    # the float32 array makes its scope's sums float32: the two formulations' betas
+    # round apart at float32 resolution times the cancellation in the numerator (a
+    # difference of sums, ~10 here), and so do the steps of both arrays
+    for a, b in zip(got.x, want.x, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert got.betas.shape == want.betas.shape == ((want.nit, 2) if per_layer else (want.nit,))
+    np.testing.assert_allclose(got.betas, want.betas, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_callback", [False, True])
+def test_the_host_waits_one_step_behind_the_device(monkeypatch, with_callback):
+    """At the wait for iterate t's values the evaluation at t + 1 is already queued
+    (none past ``maxiter``); with a callback, which needs iterate t at once, the loop
+    waits for each iterate before the next step."""
+    prob = _DeviceLeastSquares()
+    evaluations = []
+    waits = []
+    real_eval, real_values = prob.value_and_grad, _device.Pending.values
+
+    def counted(x):
+        evaluations.append(None)
+        return real_eval(x)
+
+    def values(self):
+        waits.append(len(evaluations))
+        return real_values(self)
+
+    prob.value_and_grad = counted
+    monkeypatch.setattr(_device.Pending, "values", values)
+    monkeypatch.setattr(_loop, "_PIPELINE", True)
+    maxiter = 8
+    cb = (lambda r: None) if with_callback else None
+    res = amopt.minimize(
+        prob,
+        torch.zeros(20, dtype=torch.float64),
+        method="am-mgd",
+        callback=cb,
+        options={"maxiter": maxiter, "gtol": 1e-30, "lr": 0.01},
+    )
+    assert res.nit == maxiter
+    # wait t (t = 0 .. maxiter) is for iterate t, whose evaluation is the (t + 1)-th
+    if with_callback:
+        assert waits[: maxiter + 1] == [t + 1 for t in range(maxiter + 1)]
+    else:
+        assert waits == [1] + [min(t + 2, maxiter + 1) for t in range(1, maxiter + 1)]
+
+
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [
+        ("gd", {"lr": 3.0}),
+        ("am-mgd", {"lr": 1e306}),
+        ("adam", {"lr": 1e308}),
+        ("mgd", {"lr": 3.0}),
+    ],
+)
+def test_pipelined_non_finite_runs_stop_where_numpy_stops(pipelined, method, options):
+    opts = {"maxiter": 500, "gtol": 0.0, **options}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = amopt.minimize(_Blowup(np), np.ones(3), method=method, options=opts)
+        got = pipelined(
+            True, _Blowup(torch), torch.ones(3, dtype=torch.float64), method=method, options=opts
+        )
+    assert got.status == want.status == 2 and got.nit == want.nit < 499
+    np.testing.assert_array_equal(np.asarray(got.x.tolist()), want.x)
+    assert float(got.fun) == want.fun
+    assert len(got.get("betas", [])) == len(want.get("betas", []))
+
+
+@pytest.mark.parametrize("method", FULL)
+def test_one_synchronisation_per_pipelined_iteration(monkeypatch, method):
+    """Still one read per iteration; the rule on the device is its only extra work.
+
+    Above the waiting loop: nothing for the fixed-momentum and Adam methods; for the
+    AM methods the rule's arithmetic on 0-d arrays (algorithms.md's guarded ratio, its
+    numerator and gamma: about 20 elementwise operations) and the forming of its sums
+    and coefficients, fewer than 40 aten ops (views included).
+    """
+    waiting = _per_iteration(method)
+    monkeypatch.setattr(_loop, "_PIPELINE", True)
+    syncs, ops = _per_iteration(method)
+    assert syncs <= 1.0
+    if method.startswith("am-"):
+        assert 0 < ops - waiting[1] < 40
+    else:
+        assert ops == waiting[1]
+
+
+def test_which_arrays_are_pipelined():
+    assert not _device.asynchronous([torch.zeros(2)])
+    assert not _device.asynchronous([np.zeros(2)])
+    assert not _device.asynchronous([])
+
+
+def test_a_read_started_is_the_read(monkeypatch):
+    """``start_read`` then ``values``: host numbers and device values in their order."""
+    xp = _loop.array_namespace(torch.zeros(1))
+    a, b = torch.tensor(2.5, dtype=torch.float64), torch.tensor(-1.0, dtype=torch.float32)
+    pending = _device.start_read(xp, [a, 7, np.float64(3.0), b])
+    assert pending.values() == [2.5, 7.0, 3.0, -1.0] == _device.read(xp, [a, 7, 3.0, b])
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["mgd", "am-mgd", "am-adamw"])
+def test_cuda_runs_are_pipelined_and_the_waiting_runs(method):
+    prob = _DeviceLeastSquares()
+    prob.A, prob.b = prob.A.cuda(), prob.b.cuda()
+    x0 = torch.zeros(20, dtype=torch.float64, device="cuda")
+    assert _device.asynchronous([x0])
+    opts = {"maxiter": 300, "gtol": 1e-4, "lr": 0.05}
+    got = amopt.minimize(prob, x0, method=method, options=opts)
+    _loop._PIPELINE = False
+    try:
+        want = amopt.minimize(prob, x0, method=method, options=opts)
+    finally:
+        _loop._PIPELINE = None
+    assert (got.nit, got.status) == (want.nit, want.status)
+    np.testing.assert_allclose(got.x.cpu(), want.x.cpu(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.skipif(not library_available("cupy"), reason="needs CuPy and a GPU")
+def test_cupy_reads_are_asynchronous_and_exact():
+    import array_api_compat.cupy as cpx
+    import cupy
+
+    values = [cupy.asarray(1.5), 4, cupy.asarray(np.float32(0.25)), cupy.asarray(-2.0)]
+    assert _device.asynchronous([values[0]])
+    pending = _device.start_read(cpx, values)
+    assert pending.values() == [1.5, 4.0, 0.25, -2.0]
