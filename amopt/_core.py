@@ -29,6 +29,7 @@ from amopt._reduce import (
     cast,
     compute_dtype,
     momentum_sums,
+    plain_namespace,
     restore,
     row,
     scopes,
@@ -393,7 +394,9 @@ def am_momentum_step(
     new_d: list[Array] = list(ds)
     betas = []
     for k, scope in enumerate(scope_list):
-        beta, gamma = _rule.momentum_beta(xp, row(sums, k), config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(
+            plain_namespace(xp), row(sums, k), config, lr=lr, f_decrease=f_decrease
+        )
         for i in scope:
             coef = cast(xp, gamma, gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
@@ -447,7 +450,8 @@ class _HostScalars:
 
     @staticmethod
     def where(cond: Any, a: Any, b: Any) -> Any:
-        return a if cond else b
+        out = a if cond else b
+        return out if isinstance(out, np.generic) else np.float64(out)
 
     @staticmethod
     def ones_like(a: Any) -> Any:
@@ -571,8 +575,9 @@ def am_momentum_apply(
         if f is not None and f.dtype != xp.float64:
             f = xp.astype(f, xp.float64)
         f_decrease = state.f_prev - f if exact else None
+        rule_xp = plain_namespace(xp)
         beta, gamma = _rule.momentum_beta(
-            xp, _momentum_sums_on(xp, sums, exact), config, lr=lr, f_decrease=f_decrease
+            rule_xp, _momentum_sums_on(rule_xp, sums, exact), config, lr=lr, f_decrease=f_decrease
         )
         f_next = f
     else:
@@ -608,9 +613,7 @@ def am_momentum_apply(
 
 def _momentum_sums_on(xp: Any, sums: list, exact: bool) -> Array:
     """:func:`_momentum_sums_of` on the device: the rule's sums of each scope, float64."""
-    s = xp.reshape(xp.stack(sums), (-1, 3))
-    if s.dtype != xp.float64:
-        s = xp.astype(s, xp.float64)
+    s = cast(xp, xp.reshape(xp.stack(sums), (-1, 3)), xp.float64)
     vv, gg, vg = s[:, 0], s[:, 1], s[:, 2]
     dd = vv + 2.0 * vg + gg
     return xp.stack([vv, gg, dd, vg, vv + vg] if exact else [vv, gg, dd], axis=-1)
@@ -888,8 +891,9 @@ def am_adam_step(
     new_prods: list[Array] = list(state.beta1_prod)
     betas_out = []
     for k, scope in enumerate(scope_list):
+        rule_xp = plain_namespace(xp)
         beta = _rule.adam_beta(
-            xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease
+            rule_xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease
         )
         for i in scope:
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import array_api_compat
+
 from amopt.backends import accumulation_dtype
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "adam_sums",
     "as_tuple",
     "momentum_sums",
+    "plain_namespace",
     "restore",
     "row",
     "scopes",
@@ -72,11 +75,34 @@ def compute_dtype(xp: Any, array: Array) -> Any:
 
 
 def cast(xp: Any, a: Array, dtype: Any) -> Array:
-    """``a`` in ``dtype`` (no copy when it already is); also for the plain ``torch`` module."""
+    """``a`` in ``dtype`` (no copy when it already is); also for the plain ``torch`` and
+    ``cupy`` modules (:func:`plain_namespace`)."""
     if a.dtype == dtype:
         return a
     astype = getattr(xp, "astype", None)
-    return astype(a, dtype) if astype is not None else a.to(dtype)
+    if astype is not None:
+        return astype(a, dtype)
+    return a.to(dtype) if hasattr(a, "to") else a.astype(dtype)
+
+
+def plain_namespace(xp: Any) -> Any:
+    """The library behind a compat namespace of torch or CuPy, for the rule on a device.
+
+    The rule (:mod:`amopt._rule`) is a few elementwise operations on 0-d arrays; its
+    functions are the library's own there, without the compat layer's wrappers: a
+    Python call less each, and for CuPy a ``clip`` without boolean-mask assignments,
+    each of which reads the mask's count back to the host. Any other ``xp`` is
+    returned as it is.
+    """
+    if array_api_compat.is_torch_namespace(xp):
+        import torch
+
+        return torch
+    if array_api_compat.is_cupy_namespace(xp):
+        import cupy
+
+        return cupy
+    return xp
 
 
 def _dot(xp: Any, a: Array, b: Array) -> Array:

@@ -73,11 +73,9 @@ def guarded_ratio(xp: Any, num: Array, den: Array, ref: Array, beta_max: float) 
     """
     tiny = float(xp.finfo(den.dtype).eps) ** 2
     degenerate = den <= tiny * ref
-    safe_den = xp.where(degenerate, xp.ones_like(den), den)
-    ratio = num / safe_den
-    ratio = xp.where(xp.isnan(ratio), xp.zeros_like(ratio), ratio)
-    beta = xp.clip(ratio, 0.0, float(beta_max))
-    return xp.where(degenerate, xp.zeros_like(beta), beta)
+    ratio = num / xp.where(degenerate, 1.0, den)
+    # eight elementwise operations: on a device each is a launch
+    return xp.where(degenerate | xp.isnan(ratio), 0.0, xp.clip(ratio, 0.0, float(beta_max)))
 
 
 def apply_variant(xp: Any, beta: Array, cfg: Any) -> Array:

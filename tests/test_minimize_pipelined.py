@@ -254,3 +254,49 @@ def test_cupy_reads_are_asynchronous_and_exact():
     assert _device.asynchronous([values[0]])
     pending = _device.start_read(cpx, values)
     assert pending.values() == [1.5, 4.0, 0.25, -2.0]
+
+
+def test_the_device_rule_takes_the_library_behind_the_compat_namespace():
+    """torch's and CuPy's own functions for the rule (compat's CuPy ``clip`` assigns
+    through boolean masks, which read their counts to the host); others unchanged."""
+    import array_api_compat.numpy as npx
+    import array_api_compat.torch as tx
+
+    from amopt._reduce import plain_namespace
+
+    assert plain_namespace(tx) is torch
+    assert plain_namespace(npx) is npx
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("scopes", [1, 3])
+def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
+    """The device rule's calls on a NumPy-like library module (CuPy's API is NumPy's),
+    here NumPy itself, give the host rule's betas and gammas bit for bit."""
+    from amopt import _core, _rule
+    from amopt._config import AMConfig
+
+    rng = np.random.default_rng(3)
+    values = []
+    for _ in range(scopes):  # <v,v>, <g,g>, <v,g> with |<v,g>| <= |v||g|
+        vv, gg = rng.uniform(0.1, 2.0, 2)
+        values += [vv, gg, rng.uniform(-1, 1) * math.sqrt(vv * gg)]
+    config = AMConfig.from_options({"per_layer": scopes > 1})
+    f_dec = 0.3 if exact else None
+    host = _core._host_rule(
+        _rule.momentum_beta,
+        _core._momentum_sums_of(values, exact),
+        5 if exact else 3,
+        config,
+        lr=0.1,
+        f_decrease=f_dec,
+    )
+    device = _rule.momentum_beta(
+        np,
+        _core._momentum_sums_on(np, [np.asarray(v) for v in values], exact),
+        config,
+        lr=0.1,
+        f_decrease=None if f_dec is None else np.asarray(f_dec),
+    )
+    for h, d in zip(host, device, strict=True):
+        np.testing.assert_array_equal(np.reshape(h, -1), np.reshape(d, -1))

@@ -487,7 +487,12 @@ MINI_BATCH_METHODS = ("sgd", "msgd", "am-sgd", "adam", "adamw", "am-adam", "am-a
 
 
 def minimize_counts(
-    method: str, *, batch: bool = False, n: int = 1000, iterations: tuple[int, int] = (4, 12)
+    method: str,
+    *,
+    batch: bool = False,
+    n: int = 1000,
+    iterations: tuple[int, int] = (4, 12),
+    pipelined: bool = False,
 ) -> dict[str, float]:
     """Host synchronisations and aten operations per iteration of ``amopt.minimize``.
 
@@ -496,6 +501,8 @@ def minimize_counts(
     finite sum (512 samples, dimension ``n // 10``), for the two iteration counts of
     ``iterations``; the per-iteration figures are the differences divided by the
     difference of the counts, so that the set-up and the final evaluation cancel.
+    ``pipelined``: the full-batch loop of an asynchronous device (CUDA, CuPy), which
+    reads each iterate while the next step is queued and runs the AM rule there.
 
     Returns
     -------
@@ -520,13 +527,19 @@ def minimize_counts(
         import torch
 
         x0 = torch.zeros(problem.A.shape[1], dtype=torch.float64)
+    from amopt import _loop
+
     runs = []
     for k in (k1, k2):
         counter = HostCounter()
-        with counter:
-            res = amopt.minimize(
-                fun, x0, jac=jac, method=method, options={**options, "maxiter": k}
-            )
+        saved, _loop._PIPELINE = _loop._PIPELINE, pipelined or None
+        try:
+            with counter:
+                res = amopt.minimize(
+                    fun, x0, jac=jac, method=method, options={**options, "maxiter": k}
+                )
+        finally:
+            _loop._PIPELINE = saved
         if int(res.nit) != k:
             raise RuntimeError(f"minimize({method!r}) stopped after {res.nit} of {k} iterations")
         runs.append(counter)

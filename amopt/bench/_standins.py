@@ -12,7 +12,9 @@
   other operation is a kernel launch, a view none);
 * ``minimize-syncs`` / ``minimize-ops``: host synchronisations per iteration of
   ``amopt.minimize`` on torch tensors, the worst method against 1, and am-mgd's aten
-  operations per iteration against mgd's + 12;
+  operations per iteration against mgd's + 12; ``minimize-ops-pipelined``
+  (informational): the same in the pipelined loop of CUDA and CuPy, forced on the
+  CPU, whose AM rule runs on the device (asynchronous launches there, not host waits);
 * ``minimize-bytes-*``: the bytes that the aten operations of an iteration of
   ``minimize(method="mgd" / "am-mgd")`` read and write (:class:`Traffic`), on a
   float64 torch quadratic, against those of the hand-written heavy-ball loop of the
@@ -221,18 +223,26 @@ def _minimize_syncs(s: Settings) -> Measured:
     )
 
 
-def _minimize_ops(method_a: str, method_b: str, slack: int) -> Callable[[Settings], Measured]:
+def _minimize_ops(
+    method_a: str, method_b: str, slack: int, pipelined: bool = False
+) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         n = 200 if s.quick else 1000
-        a = _host.minimize_counts(method_a, n=n)
-        b = _host.minimize_counts(method_b, n=n)
+        a = _host.minimize_counts(method_a, n=n, pipelined=pipelined)
+        b = _host.minimize_counts(method_b, n=n, pipelined=pipelined)
+        how = (
+            "the pipelined loop of a CUDA device or CuPy (forced), whose AM rule runs on "
+            "0-d device arrays; "
+            if pipelined
+            else ""
+        )
         return Measured(
             a=a["ops"],
             b=b["ops"],
             ratio=a["ops"] / (b["ops"] + slack),
             unit="ops/it",
-            note=f"float64 torch CPU tensors, quadratic of dimension {n}, objective's ops "
-            f"included on both sides; allowed {b['ops']:g} + {slack}; host syncs per "
+            note=f"float64 torch CPU tensors, {how}quadratic of dimension {n}, objective's "
+            f"ops included on both sides; allowed {b['ops']:g} + {slack}; host syncs per "
             f"iteration {a['syncs']:g} vs {b['syncs']:g}",
         )
 
@@ -617,6 +627,15 @@ ROWS: tuple[Row, ...] = (
 
 #: informational rows, run with ``--extra``
 EXTRA_ROWS: tuple[Row, ...] = (
+    Row(
+        "minimize-ops-pipelined",
+        "aten ops per pipelined iteration of minimize (the device loop of CUDA and CuPy), "
+        "am-mgd / (mgd + 12)",
+        "am-mgd",
+        "mgd",
+        None,
+        _minimize_ops("am-mgd", "mgd", 12, pipelined=True),
+    ),
     Row(
         "foreach-ops-amsgd",
         "aten ops (views excluded) of an AMSGD(foreach=True) step / (1.5 x SGD(momentum=0.9, "
