@@ -41,6 +41,7 @@ GPU_KEYS = [
     "gpu-libsvm",
     "gpu-am-sgd-256",
     "gpu-am-sgd-4096",
+    "gpu-am-sgd-256-hand",
     "gpu-graph",
     "gpu-fsdp2",
     "gpu-compiled",
@@ -58,6 +59,7 @@ def test_gpu_rows_and_targets():
     assert targets["gpu-fsdp2"] == 1.5 and targets["gpu-gpt2-train"] == 1.005
     assert targets["gpu-quad-mgd"] == 1.1 and targets["gpu-quad-am-mgd"] == 1.3
     assert targets["gpu-libsvm"] == targets["gpu-am-sgd-256"] == 1.0
+    assert targets["gpu-am-sgd-256-hand"] is None
     keys = [r.key for r in (*_cli.ROWS, *_cli.EXTRA_ROWS, *_cli.GPU_ROWS)]
     assert len(keys) == len(set(keys))
 
@@ -161,7 +163,25 @@ def test_hand_loop_has_the_iterates_of_minimize_mgd():
     np.testing.assert_allclose(hand, ours.x, rtol=1e-13, atol=1e-15)
 
 
-@pytest.mark.parametrize("key", ["gpu-quad-mgd", "gpu-quad-am-mgd", "gpu-am-sgd-256"])
+def test_hand_mini_batch_loop_has_the_iterates_of_minimize_msgd():
+    """The hand-written mini-batch baseline: minimize's msgd with the same seed, over
+    epochs whose last batch is smaller (100 rows in batches of 30)."""
+    from amopt.problems import LeastSquares
+
+    rng = np.random.default_rng(1)
+    problem = LeastSquares(rng.standard_normal((100, 8)), rng.standard_normal(100))
+    x0 = np.zeros(8)
+    hand = _gpu.HandMiniBatch(problem, x0, 0.05, 30, np.asarray, seed=3).run(17)
+    opts = {"lr": 0.05, "maxiter": 17, "batch_size": 30, "seed": 3}
+    ours = amopt.minimize(problem, x0, method="msgd", options=opts)
+    assert ours.nit == 17
+    # float64, 17 steps of a well-conditioned least-squares problem: rounding only
+    np.testing.assert_allclose(hand, ours.x, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "key", ["gpu-quad-mgd", "gpu-quad-am-mgd", "gpu-am-sgd-256", "gpu-am-sgd-256-hand"]
+)
 def test_cupy_rows_measure_per_iteration(key, numpy_as_cupy):
     row = next(r for r in _gpu.ROWS if r.key == key)
     m = row.measure(Settings(repeat=2, quick=True))

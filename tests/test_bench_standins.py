@@ -224,15 +224,18 @@ def test_foreach_ops_counts_a_real_step():
 
 
 def test_minimize_rows_arithmetic(monkeypatch):
-    def fake(method, *, batch=False, n=1000, iterations=(4, 12)):
+    def fake(method, *, batch=False, n=1000, iterations=(4, 12), pipelined=False):
         syncs = 4.0 if (method == "am-sgd" and batch) else 1.0
-        return {"syncs": syncs, "ops": {"am-mgd": 40.0, "mgd": 20.0}.get(method, 10.0)}
+        ops = {"am-mgd": 40.0, "mgd": 20.0}.get(method, 10.0)
+        return {"syncs": syncs, "ops": ops + (30.0 if pipelined and method == "am-mgd" else 0)}
 
     monkeypatch.setattr(_host, "minimize_counts", fake)
     m = _row(_standins.ROWS, "minimize-syncs").measure(Settings(quick=True))
     assert m.a == m.ratio == 4.0 and "worst: am-sgd (batch)" in m.note
     m = _row(_standins.ROWS, "minimize-ops").measure(Settings(quick=True))
     assert (m.a, m.b, m.ratio) == (40.0, 20.0, pytest.approx(40 / 32))
+    m = _row(_standins.EXTRA_ROWS, "minimize-ops-pipelined").measure(Settings(quick=True))
+    assert (m.a, m.b, m.ratio) == (70.0, 20.0, pytest.approx(70 / 32)) and "pipelined" in m.note
 
 
 def test_minimize_bytes_rows_are_measured_against_the_hand_loop():
