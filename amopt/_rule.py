@@ -74,8 +74,10 @@ def guarded_ratio(xp: Any, num: Array, den: Array, ref: Array, beta_max: float) 
     tiny = float(xp.finfo(den.dtype).eps) ** 2
     degenerate = den <= tiny * ref
     ratio = num / xp.where(degenerate, 1.0, den)
-    # eight elementwise operations: on a device each is a launch
-    return xp.where(degenerate | xp.isnan(ratio), 0.0, xp.clip(ratio, 0.0, float(beta_max)))
+    # eight elementwise operations (on a device each is a launch), all of them in the
+    # recorded rules' set (amopt._tape)
+    beta = xp.where(xp.isnan(ratio), 0.0, xp.clip(ratio, 0.0, float(beta_max)))
+    return xp.where(degenerate, 0.0, beta)
 
 
 def apply_variant(xp: Any, beta: Array, cfg: Any) -> Array:
