@@ -45,6 +45,10 @@ __all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "Traffic", "layout", "minimiz
 
 #: the driver's host time per step allowed at the GPT-2-small layout, ms
 HOST_BUDGET_MS = 0.5
+#: untimed steps before a host-time row's timed ones: the steady state of a training run
+#: (Python 3.11 specialises a function's bytecode after a few calls; the first ~8 steps of
+#: a driver take up to 3x longer on the host)
+HOST_WARMUP = 10
 #: tensors of the large layout: GPT-2 small's parameters, each in ten pieces
 MANY = 10
 
@@ -78,12 +82,12 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
 def _host_time(optimizer: str) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         case = _host.TritonHostCase(optimizer, layout(148, s.quick))
-        out = timed_rounds({"a": case.run}, rounds=s.repeat, warmup=2, max_seconds=s.row_seconds)[
-            "a"
-        ]["total"]
+        out = timed_rounds(
+            {"a": case.run}, rounds=s.repeat, warmup=HOST_WARMUP, max_seconds=s.row_seconds
+        )["a"]["total"]
         ms = [t * 1e3 for t in out]
         q1, q3 = _quartiles(ms)
-        launches = sum(case.launches.values()) / (len(out) + 3)
+        launches = sum(case.launches.values()) / (len(out) + HOST_WARMUP + 1)
         return Measured(
             a=statistics.median(ms),
             b=HOST_BUDGET_MS,
@@ -91,7 +95,7 @@ def _host_time(optimizer: str) -> Callable[[Settings], Measured]:
             unit="ms",
             spread=(q1 / HOST_BUDGET_MS, q3 / HOST_BUDGET_MS),
             note=f"{case.n_tensors} tensors (GPT-2 small), launches stubbed, "
-            f"{launches:.0f} launch(es) per step",
+            f"{launches:.0f} launch(es) per step, after {HOST_WARMUP} untimed steps",
         )
 
     return measure
@@ -102,8 +106,10 @@ def _host_pair(
 ) -> Measured:
     """Steps of ``a`` against steps of ``b``, interleaved, in ms; ``note`` gets the number of
     steps each case has run (the warm-up and the case's own first step included)."""
-    p: Paired = interleave(a.run, b.run, repeat=s.repeat, warmup=2, max_seconds=s.row_seconds)
-    return Measured.from_paired(p, scale=1e3, unit="ms", note=note(len(p.a) + 3))
+    p: Paired = interleave(
+        a.run, b.run, repeat=s.repeat, warmup=HOST_WARMUP, max_seconds=s.row_seconds
+    )
+    return Measured.from_paired(p, scale=1e3, unit="ms", note=note(len(p.a) + HOST_WARMUP + 1))
 
 
 def _host_scaling(optimizer: str) -> Callable[[Settings], Measured]:
