@@ -336,6 +336,10 @@ class TritonHostCase:
         self.launches: Counter[str] = Counter()
         self.step = self.optimizer.step
         if compiled:
+            # every optimizer's step is one code object to Dynamo: after the compiled rows
+            # run before this one in the process its recompile limit is spent, and a
+            # fullgraph compile then refuses to start
+            torch._dynamo.reset()
             self.step = torch.compile(self.optimizer.step, fullgraph=True)
         self.run()  # creates the state (and compiles)
         if not self.launches:
