@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from amopt import _numpy_fast, _rule
+from amopt import _numpy_fast, _rule, _tape
 from amopt._config import AMConfig, config_of_call, rule_keywords
 from amopt._reduce import (
     Array,
@@ -477,11 +477,24 @@ class _HostScalars:
 def _host_rule(rule: Any, sums: Any, k: int, config: AMConfig, **kwargs: Any) -> Any:
     """``rule`` on the host: ``sums`` (read floats, ``k`` per scope) as float64 NumPy values.
 
-    One scope runs on NumPy scalars (:class:`_HostScalars`), several on an array with
-    ``numpy`` itself as the namespace (NumPy's own functions, without the compat
-    layer's wrappers); this runs once per iteration of the device loop. The outputs
-    are arrays with one entry per scope.
+    One scope runs as the rule's tape in Python floats (:func:`amopt._tape.python_rule`:
+    the same IEEE operations bit for bit, about a twentieth of NumPy's cost per
+    operation on scalars), or on NumPy scalars (:class:`_HostScalars`) where the rule
+    cannot be recorded; several on an array with ``numpy`` itself as the namespace
+    (NumPy's own functions, without the compat layer's wrappers). This runs once per
+    iteration of the device loop. The outputs are arrays with one entry per scope.
     """
+    if len(sums) == k:
+        fn, values = _one_scope_tape(rule, k, config, kwargs), None
+        if fn is not None:
+            values = [float(v) for v in sums]
+            f_decrease = kwargs.get("f_decrease")
+            if f_decrease is not None:
+                values.append(float(f_decrease))
+            out = fn(values)
+            if len(out) == 1:
+                return np.array(out, dtype=np.float64)
+            return tuple(np.array((o,), dtype=np.float64) for o in out)
     host = np.asarray(sums, dtype=np.float64).reshape(-1, k)
     with np.errstate(all="ignore"):  # a NaN from overflowing sums is the rule's to handle
         if host.shape[0] != 1:
@@ -490,6 +503,35 @@ def _host_rule(rule: Any, sums: Any, k: int, config: AMConfig, **kwargs: Any) ->
     if isinstance(out, tuple):
         return tuple(np.asarray(o).reshape(1) for o in out)
     return np.asarray(out).reshape(1)
+
+
+def _rule_of_sums(xp: Any, sums: Any, base: Any, cfg: Any, k: int, **kwargs: Any) -> Any:
+    """``base`` with ``f_decrease`` the ``k``-th input: a tape of one scope's rule that
+    takes the decrease of f as an input, not as a recorded constant."""
+    return base(xp, sums, cfg, f_decrease=sums[..., k], **kwargs)
+
+
+#: (rule, config, k, exact, keywords, tape) of the last one-scope host rule: the device
+#: loop calls with the same ones every iteration. One tuple, rebound whole.
+_last_tape: tuple[Any, ...] = (None, None, None, None, None, None)
+
+
+def _one_scope_tape(rule: Any, k: int, config: AMConfig, kwargs: dict) -> Any:
+    """The tape of ``rule`` for one scope of ``k`` sums (plus ``f_decrease`` as input
+    ``k`` when given) as a Python function, or None where it cannot be recorded."""
+    global _last_tape
+    exact = kwargs.get("f_decrease") is not None
+    rest = {name: value for name, value in kwargs.items() if name != "f_decrease"}
+    last = _last_tape
+    if last[0] is rule and last[1] is config and last[2] == k and last[3] == exact:
+        if last[4] == rest:
+            return last[5]
+    if exact:
+        fn = _tape.python_rule(_rule_of_sums, k + 1, base=rule, cfg=config, k=k, **rest)
+    else:
+        fn = _tape.python_rule(rule, k, cfg=config, **rest)
+    _last_tape = (rule, config, k, exact, rest, fn)
+    return fn
 
 
 def _exact(numerator: str, f_prev: Any) -> bool:
