@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from amopt import _numpy_fast, _rule, _tape
+from amopt import _cupy_rule, _numpy_fast, _rule, _tape
 from amopt._config import AMConfig, config_of_call, rule_keywords
 from amopt._reduce import (
     Array,
@@ -618,9 +618,19 @@ def am_momentum_apply(
             f = xp.astype(f, xp.float64)
         f_decrease = state.f_prev - f if exact else None
         rule_xp = plain_namespace(xp)
-        beta, gamma = _rule.momentum_beta(
-            rule_xp, _momentum_sums_on(rule_xp, sums, exact), config, lr=lr, f_decrease=f_decrease
-        )
+        fused = None
+        if getattr(rule_xp, "__name__", "") == "cupy":  # one kernel from the rule's tape
+            fused = _cupy_rule.momentum_rule(_rule.momentum_beta, sums, config, lr, f_decrease)
+        if fused is not None:
+            beta, gamma = fused
+        else:
+            beta, gamma = _rule.momentum_beta(
+                rule_xp,
+                _momentum_sums_on(rule_xp, sums, exact),
+                config,
+                lr=lr,
+                f_decrease=f_decrease,
+            )
         f_next = f
     else:
         f_decrease = state.f_prev - f if exact else None

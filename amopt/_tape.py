@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["INSN", "OPS", "Tape", "trace", "traced", "python_rule"]
+__all__ = ["INSN", "OPS", "Tape", "c_source", "trace", "traced", "python_rule"]
 
 #: Operation codes (``amopt/torch/csrc/am_fused_common.h`` has the same table).
 OPS = (
@@ -305,3 +305,61 @@ def python_rule(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Callabl
     """
     items = _key(kwargs)
     return None if items is None else _python_cached(rule, n_sums, items)
+
+
+# --------------------------------------------------------------------------- C
+
+#: One C expression per operation on doubles, for a device compiler (CuPy's NVRTC).
+#: The arithmetic goes through the round-to-nearest intrinsics, which a compiler never
+#: contracts into a fused multiply-add (one rounding where NumPy rounds twice); a
+#: subtraction is an addition of the negated operand (negation is exact).
+_C_OPS = {
+    "add": "__dadd_rn({a}, {b})",
+    "sub": "__dadd_rn({a}, -{b})",
+    "mul": "__dmul_rn({a}, {b})",
+    "div": "__ddiv_rn({a}, {b})",
+    "le": "({a} <= {b}) ? 1.0 : 0.0",
+    "ge": "({a} >= {b}) ? 1.0 : 0.0",
+    "lt": "({a} < {b}) ? 1.0 : 0.0",
+    "gt": "({a} > {b}) ? 1.0 : 0.0",
+    "eq": "({a} == {b}) ? 1.0 : 0.0",
+    "ne": "({a} != {b}) ? 1.0 : 0.0",
+    "where": "({a} != 0.0) ? {b} : {c}",
+    "isnan": "({a} != {a}) ? 1.0 : 0.0",
+    "maximum": "({a} != {a} || {a} >= {b}) ? {a} : {b}",
+    "minimum": "({a} != {a} || {a} <= {b}) ? {a} : {b}",
+    "neg": "-{a}",
+}
+
+
+def _c_literal(k: float) -> str:
+    if k != k:
+        return "__longlong_as_double(0x7ff8000000000000LL)"
+    if math.isinf(k):
+        bits = "0x7ff0000000000000LL" if k > 0 else "0xfff0000000000000LL"
+        return f"__longlong_as_double({bits})"
+    return repr(k)  # the shortest decimal that reads back as this double
+
+
+def c_source(
+    code: np.ndarray, outputs: np.ndarray, inputs: Sequence[str], names: Sequence[str]
+) -> str:
+    """A recorded tape (:func:`traced`) as C statements on doubles.
+
+    ``inputs[k]`` is the C expression of input ``k``; the statements assign the tape's
+    outputs to the variables ``names`` (declared by the caller). Every operation
+    rounds once, as NumPy's on float64: the same values bit for bit where the compiler
+    keeps IEEE division (CUDA's default) and does not flush subnormals.
+    """
+    lines = []
+    for i, (op, a, b, c, k) in enumerate(code.tolist()):
+        name = OPS[op]
+        if name == "in":
+            expr = inputs[a]
+        elif name == "const":
+            expr = _c_literal(k)
+        else:
+            expr = _C_OPS[name].format(a=f"r{a}", b=f"r{b}", c=f"r{c}")
+        lines.append(f"const double r{i} = {expr};")
+    lines += [f"{n} = r{o};" for n, o in zip(names, outputs.tolist(), strict=True)]
+    return "\n".join(lines) + "\n"

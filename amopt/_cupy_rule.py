@@ -1,0 +1,112 @@
+"""The AM-MGD rule on CuPy arrays as one kernel, generated from the rule's tape.
+
+The pipelined loop of :func:`amopt.minimize` runs the rule on the device
+(``amopt._core.am_momentum_apply``). As array operations on 0-d arrays that is about
+twenty kernel launches per iteration, each some microseconds of Python and CUDA on the
+host. Here the rule, from the split's three dots of each scope (and the decrease of f
+for the exact numerator) to beta and gamma, is recorded once as a tape
+(:mod:`amopt._tape`, from the rule in :mod:`amopt._rule` when the step runs) and
+compiled into one ``cupy.ElementwiseKernel`` over the scopes: the same IEEE operations
+in the same order, bit for bit the host rule's values (:func:`amopt._tape.c_source`).
+
+A rule that cannot be recorded, or a kernel that CuPy cannot build, leaves the rule to
+the array operations (the latter with one warning per process).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from amopt import _tape
+
+__all__ = ["momentum_rule", "rule_of_dots", "source"]
+
+
+class _Columns:
+    """The rule's input ``sums[..., k]`` made of recorded values (derived sums)."""
+
+    def __init__(self, values: tuple) -> None:
+        self.values = values
+        self.dtype = values[0].dtype
+        self.shape = (len(values),)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.values[key[1]]
+
+
+def rule_of_dots(xp: Any, sums: Any, *, base: Any, cfg: Any, lr: float, exact: bool) -> Any:
+    """``base`` (:func:`amopt._rule.momentum_beta`) from ``<v,v>, <g,g>, <v,g>`` (and the
+    decrease of f as input 3 with ``exact``), the rule's other sums formed as the host
+    forms them (``amopt._core._momentum_sums_of``)."""
+    vv, gg, vg = sums[..., 0], sums[..., 1], sums[..., 2]
+    dd = vv + 2.0 * vg + gg
+    cols = (vv, gg, dd, vg, vv + vg) if exact else (vv, gg, dd)
+    f_decrease = sums[..., 3] if exact else None
+    return base(xp, _Columns(cols), cfg, lr=lr, f_decrease=f_decrease)
+
+
+def source(rule: Any, config: Any, lr: float, exact: bool) -> str | None:
+    """The kernel body: ``beta`` and ``gamma`` of scope ``i`` from ``s[3 i + k]`` (the
+    three dots) and ``fd[0]`` (the decrease of f, with ``exact``); None where the rule
+    cannot be recorded."""
+    tape = _tape.traced(
+        rule_of_dots, 4 if exact else 3, base=rule, cfg=config, lr=float(lr), exact=exact
+    )
+    if tape is None:
+        return None
+    inputs = ["s[3 * i]", "s[3 * i + 1]", "s[3 * i + 2]", "fd[0]"]
+    return _tape.c_source(*tape, inputs, ("beta", "gamma"))
+
+
+#: kernels by (rule, config, lr, exact); None where none could be made
+_KERNELS: dict[tuple, Any] = {}
+_WARNED: list[bool] = []
+
+
+def _kernel(rule: Any, config: Any, lr: float, exact: bool) -> Any:
+    key = (rule, config, float(lr), exact)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    body = source(rule, config, lr, exact)
+    kernel = None
+    if body is not None:
+        import cupy
+
+        params = "raw float64 s, raw float64 fd" if exact else "raw float64 s"
+        kernel = cupy.ElementwiseKernel(
+            params, "float64 beta, float64 gamma", body, "amopt_am_momentum_rule"
+        )
+    _KERNELS[key] = kernel
+    return kernel
+
+
+def momentum_rule(
+    rule: Any, sums: list, config: Any, lr: float, f_decrease: Any
+) -> tuple[Any, Any] | None:
+    """``(beta, gamma)`` per scope (float64 CuPy arrays) from the split's 0-d dots
+    ``sums`` (three per scope) and the 0-d float64 ``f_decrease`` (None: linearised),
+    in one kernel; None where the rule is left to the array operations."""
+    import cupy
+
+    exact = f_decrease is not None
+    try:
+        kernel = _kernel(rule, config, lr, exact)
+        if kernel is None:
+            return None
+        s = cupy.stack(sums)
+        if s.dtype != cupy.float64:
+            s = s.astype(cupy.float64)
+        args = (s, cupy.reshape(f_decrease, (1,))) if exact else (s,)
+        return kernel(*args, size=len(sums) // 3)
+    except Exception as exc:  # noqa: BLE001 - a kernel CuPy cannot build or run
+        _KERNELS[(rule, config, float(lr), exact)] = None
+        if not _WARNED:
+            _WARNED.append(True)
+            warnings.warn(
+                f"the AM rule's fused CuPy kernel failed ({type(exc).__name__}: {exc}); "
+                "the rule runs as array operations",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return None
