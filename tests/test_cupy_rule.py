@@ -182,3 +182,33 @@ def test_the_cupy_kernel_is_the_rule_bit_for_bit(name, fd):
     want_beta, want_gamma = _reference(rows, config, 0.05, fd)
     _same_bits(cupy.asnumpy(out[0]), want_beta)
     _same_bits(cupy.asnumpy(out[1]), want_gamma)
+
+
+def test_a_cupy_step_applies_the_kernels_coefficients(monkeypatch):
+    """``am_momentum_apply`` on CuPy's namespace hands the dots to the kernel and applies
+    its gamma (NumPy arrays and a module named cupy stand in for CuPy here)."""
+    import types
+
+    import array_api_compat.numpy as npx
+
+    fake_cupy = types.ModuleType("cupy")
+    monkeypatch.setattr(_core, "plain_namespace", lambda xp: fake_cupy)
+    calls = []
+
+    def kernel(rule, sums, config, lr, f_decrease):
+        calls.append((rule, len(sums), lr, f_decrease))
+        return np.array([0.5]), np.array([0.25])  # beta, gamma of the one scope
+
+    monkeypatch.setattr(_cupy_rule, "momentum_rule", kernel)
+    config = AMConfig.from_options({})
+    x, g, d = np.array([1.0, 2.0]), np.array([0.5, -1.0]), np.array([1.5, 1.0])
+    state = _core.AMState(3, (d,), np.float64(2.0), True)
+    pending = ((d,), (d - g,), False, npx)
+    sums = [np.asarray(v) for v in ((d - g) @ (d - g), g @ g, (d - g) @ g)]
+    new_x, new_state, beta = _core.am_momentum_apply(
+        x, g, state, pending, sums, lr=0.1, f=np.float64(1.0), config=config
+    )
+    assert calls == [(_rule.momentum_beta, 3, 0.1, None)]
+    np.testing.assert_array_equal(new_state.d[0], g + 0.25 * (d - g))
+    np.testing.assert_array_equal(new_x, x - 0.1 * (g + 0.25 * (d - g)))
+    assert float(beta) == 0.5
