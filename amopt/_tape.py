@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INSN", "OPS", "Tape", "c_source", "trace", "traced", "python_rule"]
+__all__ = ["INSN", "OPS", "Tape", "c_source", "trace", "traced", "triton_source", "python_rule"]
 
 #: Operation codes (``amopt/torch/csrc/am_fused_common.h`` has the same table).
 OPS = (
@@ -45,10 +45,11 @@ class _Untraceable(Exception):
 class Tape:
     """Instructions in SSA form (register ``i`` is the result of instruction ``i``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: Any = np.float64) -> None:
         self.rows: list[tuple[int, int, int, int, float]] = []
         self._consts: dict[float, int] = {}
         self.outputs: tuple[int, ...] = ()
+        self.dtype = np.dtype(dtype)  # every operation rounds once in it
 
     def emit(self, op: str, a: int = 0, b: int = 0, c: int = 0, k: float = 0.0) -> _Value:
         self.rows.append((_CODE[op], a, b, c, k))
@@ -78,9 +79,12 @@ class _Value:
     """A traced float64 scalar."""
 
     __slots__ = ("tape", "index")
-    dtype = np.dtype(np.float64)
     shape: tuple[int, ...] = ()
     ndim = 0
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tape.dtype
 
     def __init__(self, tape: Tape, index: int) -> None:
         self.tape, self.index = tape, index
@@ -122,11 +126,10 @@ for _op in ("le", "ge", "lt", "gt", "eq", "ne"):
 class _Sums:
     """The rule's input: ``sums[..., k]`` is sum ``k`` of the scope."""
 
-    dtype = np.dtype(np.float64)
-
     def __init__(self, tape: Tape, n: int) -> None:
         self.tape, self.n = tape, n
         self.shape = (n,)
+        self.dtype = tape.dtype
 
     def __getitem__(self, key: Any) -> _Value:
         if not (isinstance(key, tuple) and len(key) == 2 and key[0] is Ellipsis):
@@ -179,19 +182,22 @@ class _Namespace:
         return _Value(self.tape, self.tape.reg(value))
 
     def astype(self, a: Any, dtype: Any) -> Any:
-        if np.dtype(dtype) != np.float64:
+        if np.dtype(dtype) != self.tape.dtype:
             raise _Untraceable(f"a cast to {dtype}")
         return a
 
 
-def trace(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Tape | None:
-    """``rule(xp, sums, **kwargs)`` recorded for one scope of ``n_sums`` float64 sums.
+def trace(
+    rule: Callable[..., Any], n_sums: int, *, dtype: Any = np.float64, **kwargs: Any
+) -> Tape | None:
+    """``rule(xp, sums, **kwargs)`` recorded for one scope of ``n_sums`` sums of ``dtype``
+    (float64, or float32 for a kernel that evaluates the tape in float32).
 
     Returns the tape with ``outputs`` (one register per output of the rule), or
     ``None`` when the rule cannot be recorded or needs more than :data:`MAX_LENGTH`
     instructions.
     """
-    tape = Tape()
+    tape = Tape(dtype)
     try:
         out = rule(_Namespace(tape), _Sums(tape, n_sums), **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
@@ -362,4 +368,67 @@ def c_source(
             expr = _C_OPS[name].format(a=f"r{a}", b=f"r{b}", c=f"r{c}")
         lines.append(f"const double r{i} = {expr};")
     lines += [f"{n} = r{o};" for n, o in zip(names, outputs.tolist(), strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- Triton
+
+#: One Triton expression per operation, on ``[BLOCK]`` tensors of the tape's dtype
+#: (launched with ``enable_fp_fusion=False``: no multiply-add is contracted). float64
+#: ``/`` is IEEE division; float32's needs ``div_rn`` (Triton's own is approximate).
+_TRITON_OPS = {
+    "add": "{a} + {b}",
+    "sub": "{a} - {b}",
+    "mul": "{a} * {b}",
+    "div": "{a} / {b}",
+    "le": "tl.where({a} <= {b}, ONE, ZERO)",
+    "ge": "tl.where({a} >= {b}, ONE, ZERO)",
+    "lt": "tl.where({a} < {b}, ONE, ZERO)",
+    "gt": "tl.where({a} > {b}, ONE, ZERO)",
+    "eq": "tl.where({a} == {b}, ONE, ZERO)",
+    "ne": "tl.where({a} != {b}, ONE, ZERO)",
+    "where": "tl.where({a} != ZERO, {b}, {c})",
+    "isnan": "tl.where({a} != {a}, ONE, ZERO)",
+    "maximum": "tl.where(({a} != {a}) | ({a} >= {b}), {a}, {b})",
+    "minimum": "tl.where(({a} != {a}) | ({a} <= {b}), {a}, {b})",
+    "neg": "-{a}",
+}
+
+
+def triton_source(code: np.ndarray, outputs: np.ndarray, dtype: Any, name: str) -> str | None:
+    """A recorded tape as the source of a Triton kernel ``name``, one scope per lane.
+
+    ``name(s_ptr, out_ptr, n, K, OUT, BLOCK)``: scope ``i < n`` reads its sums
+    ``s_ptr[i K + k]``, evaluates the tape in ``dtype`` (float32 or float64: every
+    operation rounds once in it, as the array operations of the rule do) and writes
+    output ``j`` to ``out_ptr[j n + i]`` in ``OUT``. None for a tape with a non-finite
+    constant (the rules have none).
+    """
+    dt = {np.dtype(np.float64): "tl.float64", np.dtype(np.float32): "tl.float32"}.get(
+        np.dtype(dtype)
+    )
+    if dt is None:
+        return None
+    div = "{a} / {b}" if dt == "tl.float64" else "tl.math.div_rn({a}, {b})"
+    lines = [
+        f"def {name}(s_ptr, out_ptr, n, K: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):",
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+        "    m = offs < n",
+        f"    ZERO = tl.full([BLOCK], 0.0, {dt})",
+        f"    ONE = tl.full([BLOCK], 1.0, {dt})",
+    ]
+    for i, (op, a, b, c, k) in enumerate(code.tolist()):
+        op_name = OPS[op]
+        if op_name == "in":
+            expr = f"tl.load(s_ptr + offs * K + {a}, mask=m, other=0.0).to({dt})"
+        elif op_name == "const":
+            if not math.isfinite(k):
+                return None
+            expr = f"tl.full([BLOCK], {k!r}, {dt})"
+        else:
+            form = div if op_name == "div" else _TRITON_OPS[op_name]
+            expr = form.format(a=f"r{a}", b=f"r{b}", c=f"r{c}")
+        lines.append(f"    r{i} = {expr}")
+    for j, o in enumerate(outputs.tolist()):
+        lines.append(f"    tl.store(out_ptr + {j} * n + offs, r{o}.to(OUT), mask=m)")
     return "\n".join(lines) + "\n"

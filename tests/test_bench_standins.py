@@ -130,7 +130,8 @@ def test_launch_stub_stubs_the_kernels(optimizer):
     case.run()
     assert sum(case.launches.values()) > launched
     assert set(case.launches) <= {"adam_reduce", "adam_apply", "sgd_reduce", "sgd_apply",
-                                  "segment_sum"}  # fmt: skip
+                                  "segment_sum", "rule"}  # fmt: skip
+    assert "rule" in case.launches  # the rule kernel is stubbed too
     assert all(torch.equal(a, p) for a, p in zip(before, case.params, strict=True))
     # restored on exit
     assert _triton._kernels is kernels and _common.default_path is path

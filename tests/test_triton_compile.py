@@ -56,20 +56,33 @@ def _record_and_compile() -> list[dict]:
     launches: dict[tuple, tuple] = {}
 
     class Recorder:
-        def __init__(self, name):
-            self.name = name
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 consts = {k: v for k, v in kwargs.items() if k.isupper()}
                 options = {k: v for k, v in kwargs.items() if not k.isupper()}
                 types = tuple(a.dtype if isinstance(a, torch.Tensor) else type(a) for a in args)
-                key = (self.name, tuple(sorted((k, str(v)) for k, v in consts.items())), types)
-                launches.setdefault(key, (self.name, args, consts, options))
+                key = (
+                    self.name,
+                    self.kernel,
+                    tuple(sorted((k, str(v)) for k, v in consts.items())),
+                    types,
+                )
+                launches.setdefault(key, (self.name, self.kernel, args, consts, options))
 
             return launch
 
-    recorders = {k: v if k == "dtypes" else Recorder(k) for k, v in kernels.items()}
+    def rule_kernels(rule, config, dtype):
+        # the rule kernels the drivers make (one per rule, configuration and dtype)
+        kernel = kernels["rule"](rule, config, dtype)
+        return None if kernel is None else Recorder("rule", kernel)
+
+    recorders = {
+        k: v if k == "dtypes" else Recorder(k, v) for k, v in kernels.items() if k != "rule"
+    }
+    recorders["rule"] = rule_kernels
     tri._kernels = lambda interpret: recorders
     tri._interpret = lambda: False
     tri._require = lambda name, tensors: None  # CPU tensors stand in for CUDA ones
@@ -108,8 +121,7 @@ def _record_and_compile() -> list[dict]:
         torch.bool: "*i1",
     }
     results = []
-    for name, args, consts, options in launches.values():
-        fn = kernels[name]
+    for name, fn, args, consts, options in launches.values():
         signature = {}
         for param, value in zip(inspect.signature(fn.fn).parameters, args, strict=False):
             if isinstance(value, torch.Tensor):
@@ -126,6 +138,7 @@ def _record_and_compile() -> list[dict]:
                 "kernel": name,
                 "arch": arch,
                 "consts": {k: str(v) for k, v in consts.items()},
+                "first": pointer[args[0].dtype],  # a rule kernel computes in its sums' dtype
             }
             try:
                 compiled = triton.compile(
@@ -138,6 +151,7 @@ def _record_and_compile() -> list[dict]:
             else:
                 ptx = compiled.asm["ptx"]
                 entry["f64_ops"] = sorted(set(_F64_OP.findall(ptx)))
+                entry["fma"] = len(re.findall(r"\bfma\.[a-z.]*f(?:32|64)\b", ptx))
                 entry["vector_loads"] = len(re.findall(r"ld\.global(?:\.[a-z]+)*\.v4\.b32", ptx))
                 entry["cubin_bytes"] = len(compiled.asm["cubin"])
             results.append(entry)
@@ -179,7 +193,7 @@ def compiled():
 
 def test_every_launched_specialisation_compiles(compiled):
     kinds = {e["kernel"] for e in compiled}
-    assert kinds == {"sgd_reduce", "sgd_apply", "adam_reduce", "adam_apply", "segment_sum"}
+    assert kinds == {"sgd_reduce", "sgd_apply", "adam_reduce", "adam_apply", "segment_sum", "rule"}
     assert {e["arch"] for e in compiled} == set(ARCHS)
     failed = [e for e in compiled if "error" in e]
     assert not failed, "\n".join(
@@ -195,6 +209,8 @@ def test_every_launched_specialisation_compiles(compiled):
 
 
 def _compute_dtype(entry: dict) -> str:
+    if entry["kernel"] == "rule":
+        return entry["first"].lstrip("*")
     consts = entry["consts"]
     return consts.get("CT", consts.get("ACC"))
 
@@ -207,11 +223,19 @@ def test_float64_arithmetic_only_where_the_kernel_computes_in_float64(compiled):
         assert bool(e["f64_ops"]) == wide, (e["kernel"], e["consts"], e["f64_ops"])
 
 
+def test_the_rule_kernels_round_every_operation_once(compiled):
+    """No multiply-add contracted in a rule kernel (one rounding where the rule's array
+    operations round twice), and both sums dtypes reached them."""
+    rules = [e for e in compiled if e["kernel"] == "rule" and "error" not in e]
+    assert {e["first"] for e in rules} == {"*fp32", "*fp64"}
+    assert all(e["fma"] == 0 for e in rules), [(e["consts"], e["fma"]) for e in rules]
+
+
 def test_aligned_float32_blocks_are_read_with_vector_loads(compiled):
     checked = 0
     for e in compiled:
         c = e["consts"]
-        if "error" in e or e["kernel"] == "segment_sum":
+        if "error" in e or e["kernel"] in ("segment_sum", "rule"):
             continue
         if c["DT"] == "fp32" and c["ALIGNED"] == "True" and c["MASKED"] == "False":
             # x, g, d (and v): one 128-bit load per four floats of each stream

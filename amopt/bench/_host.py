@@ -234,12 +234,18 @@ def triton_on_cpu(stub: bool = True) -> Iterator[Counter[str]]:
 
     def kernels(interpret: bool) -> dict[str, Any]:
         real = original_kernels(interpret)
-        return {
+        out = {
             name: LaunchStub(name, launches)
             if isinstance(value, triton.runtime.KernelInterface)
             else value
             for name, value in real.items()
         }
+        if "rule" in real:  # the rule kernels, made per rule: stubbed once made
+            make = real["rule"]
+            out["rule"] = lambda *a, **k: (
+                None if make(*a, **k) is None else LaunchStub("rule", launches)
+            )
+        return out
 
     if not _PATH_MODULES:  # found once: a scan of sys.modules costs more than a step
         importlib.import_module("amopt.torch")

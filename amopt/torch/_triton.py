@@ -60,6 +60,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import linecache
 import operator
 import os
 from collections.abc import Iterable, Sequence
@@ -69,7 +71,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from amopt import _rule
+from amopt import _rule, _tape
 from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
 from amopt.torch._records import (
     NO_SCALER,
@@ -98,6 +100,8 @@ NUM_WARPS = 4
 #: Rows of partial sums read per iteration of the segment sum.
 SEGMENT_ROWS = 128
 _K = 3  # sums per scope, for both rules
+#: Scopes per program of the rule kernel (:func:`_rule_kernel`).
+RULE_BLOCK = 128
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SGD_COLUMNS = 6  # x, g, d addresses, numel, scope, tensor index
@@ -560,6 +564,76 @@ def _segment_sum(
     tl.store(out_ptr + s * K + cols, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cols < K)
 
 
+#: Jitted rule kernels by their source, and by (rule, config, dtype).
+_RULE_KERNELS: dict[tuple[str, bool], Any] = {}
+_RULE_BY_KEY: dict[tuple, Any] = {}
+_RULE_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
+
+
+def _rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret: bool = False) -> Any:
+    """``rule(xp, sums, config)`` of every scope in one Triton kernel, or None.
+
+    The rule (:mod:`amopt._rule`, as it is when the step runs) is recorded as a tape
+    of its operations on sums of ``dtype`` (:func:`amopt._tape.trace`) and written out
+    as a kernel (:func:`amopt._tape.triton_source`) that evaluates it per scope, each
+    operation rounding once in ``dtype`` as the rule's array operations do: one launch
+    in place of the rule's fifteen or so small ones. The kernel is compiled once per
+    tape (an interpreted one with ``interpret``). None where the rule cannot be
+    recorded (the caller runs it on arrays).
+    """
+    key = (rule, config, dtype, interpret)
+    if key in _RULE_BY_KEY:
+        return _RULE_BY_KEY[key]
+    kernel = _RULE_BY_KEY[key] = _make_rule_kernel(rule, config, dtype, interpret)
+    return kernel
+
+
+def _make_rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret: bool) -> Any:
+    np_dtype = _RULE_DTYPES.get(dtype)
+    if np_dtype is None:
+        return None
+    tape = _tape.traced(rule, _K, cfg=config, dtype=np_dtype)
+    if tape is None:
+        return None
+    name = (
+        "amopt_rule_"
+        + hashlib.sha256(
+            tape[0].tobytes() + tape[1].tobytes() + np.dtype(np_dtype).str.encode()
+        ).hexdigest()[:16]
+    )
+    kernel = _RULE_KERNELS.get((name, interpret))
+    if kernel is None:
+        source = _tape.triton_source(*tape, np_dtype, name)
+        if source is None:
+            return None
+        import triton
+        import triton.language
+
+        # generated here from the recorded operations, never read from elsewhere; in
+        # linecache so that triton.jit finds the source it compiles
+        filename = f"<amopt rule kernel {name}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace: dict[str, Any] = {"tl": triton.language}
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+        kernel = _RULE_KERNELS[(name, interpret)] = triton.jit(namespace[name])
+    return kernel
+
+
+def _rule_options(interpret: bool) -> dict[str, Any]:
+    """Launch options of the rule kernel: no contraction into multiply-adds."""
+    return {} if interpret else {"num_warps": 1, "enable_fp_fusion": False}
+
+
+def _run_rule(kernel: Any, sums: Tensor, n_out: int, out: torch.dtype, interpret: bool) -> Tensor:
+    """``(n_out, n_scopes)`` outputs of a rule kernel on the sums of every scope."""
+    n = sums.shape[0]
+    result = torch.empty((n_out, n), dtype=out, device=sums.device)
+    kernel[((n + RULE_BLOCK - 1) // RULE_BLOCK,)](
+        sums, result, n, K=_K, OUT=_tl_dtypes()[out], BLOCK=RULE_BLOCK, **_rule_options(interpret)
+    )
+    return result
+
+
 @functools.cache
 def _kernels(interpret: bool) -> dict[str, Any]:
     """The kernels compiled by ``triton.jit`` (interpreted ones under ``TRITON_INTERPRET``)."""
@@ -570,6 +644,7 @@ def _kernels(interpret: bool) -> dict[str, Any]:
     tl = triton.language
     fns = (_sgd_reduce, _sgd_apply, _adam_reduce, _adam_apply, _segment_sum)
     kernels: dict[str, Any] = {fn.__name__.lstrip("_"): triton.jit(fn) for fn in fns}
+    kernels["rule"] = functools.partial(_rule_kernel, interpret=interpret)
     kernels["dtypes"] = {
         torch.float16: tl.float16,
         torch.bfloat16: tl.bfloat16,
@@ -1144,10 +1219,15 @@ def _sgd_core(
     # the squares of float32 gradients leave float32's range long before the gradients
     # do, and beta, a ratio of their sums, does not: the sums are float64, the rule runs
     # on them and its outputs are rounded to the accumulation dtype
-    rule = [
-        tuple(r.to(out) for r in _rule.momentum_beta(torch, s, config))
-        for s, out in zip(sums, plan.out_dtypes, strict=True)
-    ]
+    make = kernels.get("rule")
+    rule = []
+    for s, out in zip(sums, plan.out_dtypes, strict=True):
+        fused = None if make is None else make(_rule.momentum_beta, config, s.dtype)
+        if fused is None:
+            rule.append(tuple(r.to(out) for r in _rule.momentum_beta(torch, s, config)))
+        else:  # beta and gamma in one launch
+            both = _run_rule(fused, s, 2, out, interpret)
+            rule.append((both[0], both[1]))
     apply = kernels["sgd_apply"]
     for launch, grids in plan.grids:
         gamma = rule[launch.array][1]
@@ -1364,7 +1444,14 @@ def _adam_core(
         )
 
     sums = _reduce_and_sum(plan, launch_reduce, kernels, options, sync)
-    betas = [_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd) for s in sums]
+    make = kernels.get("rule")
+    betas = []
+    for s in sums:  # the linearised numerator: lr and weight_decay are in the sums
+        fused = None if make is None else make(_rule.adam_beta, config, s.dtype)
+        if fused is None:
+            betas.append(_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd))
+        else:
+            betas.append(_run_rule(fused, s, 1, s.dtype, interpret)[0])
     apply = kernels["adam_apply"]
     for launch, grids in plan.grids:
         ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
