@@ -1158,6 +1158,10 @@ def _run_device(
       values (so that batch is evaluated at it) or at the end of the run; a
       non-finite one is then taken back (``nit``, betas). With a ``callback`` it is
       read before the callback sees the iterate, one more transfer per iteration.
+
+    On an asynchronous device (:func:`amopt._lazy._device.asynchronous`) a full-batch
+    run without a callback is pipelined instead (:func:`_run_pipelined`): the host
+    reads each iterate while the next step is already queued.
     """
     xp = layout.xp
     # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
