@@ -769,3 +769,26 @@ def test_the_rule_kernel_is_the_rule_bit_for_bit(name, dtype, options):
     want = want if isinstance(want, tuple) else (want,)
     for got, expected in zip(out, want, strict=True):
         assert torch.equal(_bits(got), _bits(expected))
+
+
+def test_a_rule_kernel_that_fails_leaves_the_rule_to_tensor_operations(monkeypatch):
+    """A kernel Triton cannot build or run here: a warning, then the rule's own
+    operations, with the same step."""
+    xs = _tensors(SHAPES, torch.float64, 21)
+    g1, g2 = _grad_sequence(SHAPES, 2, torch.float64, 22)
+    want = TritonSGD(xs, per_layer=False)
+    want.step(g1)
+    want.step(g2)
+
+    def broken(rule, config, dtype):
+        raise RuntimeError("no compiler for the generated kernel")
+
+    kernels = dict(tri._kernels(INTERPRET))
+    kernels["rule"] = broken
+    monkeypatch.setattr(tri, "_kernels", lambda interpret: kernels)
+    got = TritonSGD(xs, per_layer=False)
+    with pytest.warns(RuntimeWarning, match="rule's Triton kernel failed"):
+        got.step(g1)
+        got.step(g2)
+    for a, b in zip(got.x, want.x, strict=True):
+        assert torch.equal(a, b)

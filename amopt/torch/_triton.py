@@ -64,6 +64,7 @@ import hashlib
 import linecache
 import operator
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -622,6 +623,34 @@ def _make_rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret
 def _rule_options(interpret: bool) -> dict[str, Any]:
     """Launch options of the rule kernel: no contraction into multiply-adds."""
     return {} if interpret else {"num_warps": 1, "enable_fp_fusion": False}
+
+
+def _fused_rule(
+    make: Any,
+    rule: Any,
+    config: AMConfig,
+    sums: Tensor,
+    n_out: int,
+    out: torch.dtype,
+    interpret: bool,
+) -> Tensor | None:
+    """The outputs of ``rule``'s kernel (:func:`_rule_kernel`, made by ``make``) on
+    ``sums``, or None: no kernel (the caller runs the rule's array operations), or one
+    that Triton could not compile here (then never again for that rule, with a warning)."""
+    if make is None:
+        return None
+    try:
+        kernel = make(rule, config, sums.dtype)
+        return None if kernel is None else _run_rule(kernel, sums, n_out, out, interpret)
+    except Exception as exc:  # noqa: BLE001 - a compiler that rejects the generated kernel
+        _RULE_BY_KEY[(rule, config, sums.dtype, interpret)] = None
+        warnings.warn(
+            f"the AM rule's Triton kernel failed ({type(exc).__name__}: {exc}); the rule "
+            "runs as tensor operations",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 def _run_rule(kernel: Any, sums: Tensor, n_out: int, out: torch.dtype, interpret: bool) -> Tensor:
@@ -1222,11 +1251,10 @@ def _sgd_core(
     make = kernels.get("rule")
     rule = []
     for s, out in zip(sums, plan.out_dtypes, strict=True):
-        fused = None if make is None else make(_rule.momentum_beta, config, s.dtype)
-        if fused is None:
+        both = _fused_rule(make, _rule.momentum_beta, config, s, 2, out, interpret)
+        if both is None:
             rule.append(tuple(r.to(out) for r in _rule.momentum_beta(torch, s, config)))
         else:  # beta and gamma in one launch
-            both = _run_rule(fused, s, 2, out, interpret)
             rule.append((both[0], both[1]))
     apply = kernels["sgd_apply"]
     for launch, grids in plan.grids:
@@ -1447,11 +1475,11 @@ def _adam_core(
     make = kernels.get("rule")
     betas = []
     for s in sums:  # the linearised numerator: lr and weight_decay are in the sums
-        fused = None if make is None else make(_rule.adam_beta, config, s.dtype)
-        if fused is None:
+        one = _fused_rule(make, _rule.adam_beta, config, s, 1, s.dtype, interpret)
+        if one is None:
             betas.append(_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd))
         else:
-            betas.append(_run_rule(fused, s, 1, s.dtype, interpret)[0])
+            betas.append(one[0])
     apply = kernels["adam_apply"]
     for launch, grids in plan.grids:
         ct = tl_dtypes[torch.float64 if launch.dtype == torch.float64 else torch.float32]
