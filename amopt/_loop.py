@@ -911,27 +911,9 @@ class _Reads:
             out.append(xp.sum(a * a))
         return out
 
-    def point(
-        self,
-        xs: tuple | None,
-        f: Any,
-        g_c: tuple,
-        sums: list,
-        x_only: bool = False,
-        at: tuple | None = None,
-        x_max: bool = False,
-    ) -> dict:
-        """Read the finiteness of ``xs`` (unless None), ``f``, ``max|g_c|``, ``|at|^2``
-        and ``sums``.
-
-        ``"x"`` is 0.0 when ``xs`` is finite, else NaN (``max|xs|`` with ``x_max``);
-        ``"g"`` is ``max|g_c|`` with ``exact_g`` (or a value on the same side of
-        ``gtol``, see ``g_sq``), else 0.0 when ``g_c`` is finite and NaN when not;
-        ``"g_hi"`` an upper bound of ``max|g_c|`` (with ``exact_g``). ``at`` is the
-        point of ``f`` (default ``xs``), whose squared norm is read when the method's f
-        includes the decay.
-        """
-        return self.finish(self.start(xs, f, g_c, sums, x_only=x_only, at=at, x_max=x_max))
+    def point(self, *args: Any, **kwargs: Any) -> dict:
+        """:meth:`start` then :meth:`finish`: the values read at once."""
+        return self.finish(self.start(*args, **kwargs))
 
     def start(
         self,
@@ -945,9 +927,17 @@ class _Reads:
         sq: bool | None = None,
         extra: list = (),
     ) -> tuple:
-        """:meth:`point` up to the transfer, which is started (:func:`start_read`);
-        :meth:`finish` waits for it. ``sq=False`` leaves ``|at|^2`` out; ``extra``
-        values are read too (``"extra"`` of the result)."""
+        """Start reading the finiteness of ``xs`` (unless None), ``f``, ``max|g_c|``,
+        ``|at|^2`` and ``sums`` (:func:`start_read`); :meth:`finish` waits for the
+        values.
+
+        In the result, ``"x"`` is 0.0 when ``xs`` is finite, else NaN (``max|xs|`` with
+        ``x_max``); ``"g"`` is ``max|g_c|`` with ``exact_g`` (or a value on the same side
+        of ``gtol``, see ``g_sq``), else 0.0 when ``g_c`` is finite and NaN when not;
+        ``"g_hi"`` an upper bound of ``max|g_c|`` (with ``exact_g``). ``at`` is the point
+        of ``f`` (default ``xs``), whose squared norm is read when the method's f includes
+        the decay (``sq=False``: not read). ``extra`` values are read too (``"extra"``).
+        """
         if xs is None:
             x_parts = []
         else:

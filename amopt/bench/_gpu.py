@@ -721,37 +721,42 @@ class _FullEvaluationsApart:
         return self.problem.batch_value_and_grad(x, indices)
 
 
+def _timed_am_sgd(
+    problem: Any, x0: Any, sync: Callable[[], None], batch: int, k: int
+) -> Callable[[], float]:
+    """A call that runs ``k`` iterations of ``minimize(method="am-sgd")`` at ``batch`` and
+    returns their seconds, the closing full evaluation timed apart and left out."""
+    import amopt
+
+    timed = _FullEvaluationsApart(problem, sync)
+
+    def go() -> float:
+        timed.seconds = 0.0
+        start = time.perf_counter()
+        res = amopt.minimize(
+            timed,
+            x0,
+            method="am-sgd",
+            options={"lr": 0.1, "maxiter": k, "batch_size": batch, "seed": 0},
+        )
+        sync()
+        if int(res.nit) != k:
+            raise RuntimeError(f"am-sgd stopped after {res.nit} of {k} iterations")
+        return time.perf_counter() - start - timed.seconds
+
+    return go
+
+
 def _am_sgd(batch: int) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         cupy = require_cupy()
-        import amopt
-
         n, d = (4_000, 50) if s.quick else (200_000, 500)
         k = 10 if s.quick else (100 if batch <= 256 else 20)
         on_host, on_device, built = _dense_logistic(n, d, cupy)
 
-        def run(problem: Any, x0: Any, sync: Callable[[], None]) -> Callable[[], float]:
-            timed = _FullEvaluationsApart(problem, sync)
-
-            def go() -> float:
-                timed.seconds = 0.0
-                start = time.perf_counter()
-                res = amopt.minimize(
-                    timed,
-                    x0,
-                    method="am-sgd",
-                    options={"lr": 0.1, "maxiter": k, "batch_size": batch, "seed": 0},
-                )
-                sync()
-                if int(res.nit) != k:
-                    raise RuntimeError(f"am-sgd stopped after {res.nit} of {k} iterations")
-                return time.perf_counter() - start - timed.seconds
-
-            return go
-
         p = interleave_counted(
-            run(on_device, cupy.zeros(d), _sync_cupy),
-            run(on_host, np.zeros(d), lambda: None),
+            _timed_am_sgd(on_device, cupy.zeros(d), _sync_cupy, batch, k),
+            _timed_am_sgd(on_host, np.zeros(d), lambda: None, batch, k),
             repeat=s.repeat,
             max_seconds=s.row_seconds,
         )
@@ -771,27 +776,11 @@ def _am_sgd_hand(s: Settings) -> Measured:
     """``minimize(method="am-sgd")`` at batch 256 against :class:`HandMiniBatch`, both
     on CuPy: what a GPU iteration at that batch costs a careful user's own loop."""
     cupy = require_cupy()
-    import amopt
-
     n, d = (4_000, 50) if s.quick else (200_000, 500)
     batch, k = 256, 10 if s.quick else 100
     _, on_device, built = _dense_logistic(n, d, cupy)
-    timed = _FullEvaluationsApart(on_device, _sync_cupy)
+    ours = _timed_am_sgd(on_device, cupy.zeros(d), _sync_cupy, batch, k)
     hand = HandMiniBatch(on_device, cupy.zeros(d), 0.1, batch, cupy.asarray, sync=_sync_cupy)
-
-    def ours() -> float:
-        timed.seconds = 0.0
-        start = time.perf_counter()
-        res = amopt.minimize(
-            timed,
-            cupy.zeros(d),
-            method="am-sgd",
-            options={"lr": 0.1, "maxiter": k, "batch_size": batch, "seed": 0},
-        )
-        _sync_cupy()
-        if int(res.nit) != k:
-            raise RuntimeError(f"am-sgd stopped after {res.nit} of {k} iterations")
-        return time.perf_counter() - start - timed.seconds
 
     def theirs() -> float:
         start = time.perf_counter()
