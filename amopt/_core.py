@@ -624,11 +624,14 @@ def am_momentum_apply(
         if fused is not None:
             beta, gamma = fused
         else:
-            beta, gamma = _rule.momentum_beta(
+            dots = cast(rule_xp, rule_xp.reshape(rule_xp.stack(sums), (-1, 3)), rule_xp.float64)
+            beta, gamma = _rule.momentum_beta_of_dots(
                 rule_xp,
-                _momentum_sums_on(rule_xp, sums, exact),
+                dots,
                 config,
+                base=_rule.momentum_beta,
                 lr=lr,
+                exact=exact,
                 f_decrease=f_decrease,
             )
         f_next = f
@@ -661,14 +664,6 @@ def am_momentum_apply(
     else:
         betas = tuple(np.float64(b) for b in beta.reshape(-1))
     return restore(new_x, single), new_state, (betas if config.per_layer else betas[0])
-
-
-def _momentum_sums_on(xp: Any, sums: list, exact: bool) -> Array:
-    """:func:`_momentum_sums_of` on the device: the rule's sums of each scope, float64."""
-    s = cast(xp, xp.reshape(xp.stack(sums), (-1, 3)), xp.float64)
-    vv, gg, vg = s[:, 0], s[:, 1], s[:, 2]
-    dd = vv + 2.0 * vg + gg
-    return xp.stack([vv, gg, dd, vg, vv + vg] if exact else [vv, gg, dd], axis=-1)
 
 
 # --------------------------------------------------------------------------- Adam / AdamW

@@ -18,32 +18,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from amopt import _tape
+from amopt import _rule, _tape
 
-__all__ = ["momentum_rule", "rule_of_dots", "source"]
-
-
-class _Columns:
-    """The rule's input ``sums[..., k]`` made of recorded values (derived sums)."""
-
-    def __init__(self, values: tuple) -> None:
-        self.values = values
-        self.dtype = values[0].dtype
-        self.shape = (len(values),)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self.values[key[1]]
-
-
-def rule_of_dots(xp: Any, sums: Any, *, base: Any, cfg: Any, lr: float, exact: bool) -> Any:
-    """``base`` (:func:`amopt._rule.momentum_beta`) from ``<v,v>, <g,g>, <v,g>`` (and the
-    decrease of f as input 3 with ``exact``), the rule's other sums formed as the host
-    forms them (``amopt._core._momentum_sums_of``)."""
-    vv, gg, vg = sums[..., 0], sums[..., 1], sums[..., 2]
-    dd = vv + 2.0 * vg + gg
-    cols = (vv, gg, dd, vg, vv + vg) if exact else (vv, gg, dd)
-    f_decrease = sums[..., 3] if exact else None
-    return base(xp, _Columns(cols), cfg, lr=lr, f_decrease=f_decrease)
+__all__ = ["momentum_rule", "source"]
 
 
 def source(rule: Any, config: Any, lr: float, exact: bool) -> str | None:
@@ -51,7 +28,12 @@ def source(rule: Any, config: Any, lr: float, exact: bool) -> str | None:
     three dots) and ``fd[0]`` (the decrease of f, with ``exact``); None where the rule
     cannot be recorded."""
     tape = _tape.traced(
-        rule_of_dots, 4 if exact else 3, base=rule, cfg=config, lr=float(lr), exact=exact
+        _rule.momentum_beta_of_dots,
+        4 if exact else 3,
+        cfg=config,
+        base=rule,
+        lr=float(lr),
+        exact=exact,
     )
     if tape is None:
         return None

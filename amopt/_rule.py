@@ -43,6 +43,7 @@ __all__ = [
     "apply_variant",
     "guarded_ratio",
     "momentum_beta",
+    "momentum_beta_of_dots",
 ]
 
 Array = Any
@@ -151,6 +152,46 @@ def momentum_beta(
         num = cast(xp, num, sums.dtype)
     beta = apply_variant(xp, guarded_ratio(xp, num, vv, dd + gg, cfg.beta_max), cfg)
     return beta, (beta + lam) / (1.0 + lam)
+
+
+class _Columns:
+    """``sums[..., k]`` made of given columns (arrays, or a tape's recorded values)."""
+
+    def __init__(self, values: tuple) -> None:
+        self.values = values
+        self.dtype = values[0].dtype
+        self.shape = (len(values),)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.values[key[1]]
+
+
+def momentum_beta_of_dots(
+    xp: Any,
+    dots: Array,
+    cfg: Any,
+    *,
+    base: Any = None,
+    lr: float | None = None,
+    exact: bool = False,
+    f_decrease: Any = None,
+) -> tuple[Array, Array]:
+    r""":func:`momentum_beta` (or ``base``) from a device split's three dots per scope.
+
+    ``dots[..., :3]`` are :math:`\langle v,v\rangle, \langle g,g\rangle,
+    \langle v,g\rangle`; :math:`\langle d,d\rangle = \langle v,v\rangle +
+    2\langle v,g\rangle + \langle g,g\rangle` and :math:`\langle v,d\rangle =
+    \langle v,v\rangle + \langle v,g\rangle` are formed from them in that order, as the
+    host forms them (``amopt._core._momentum_sums_of``). With ``exact`` the decrease of
+    f is ``f_decrease``, or ``dots[..., 3]`` when that is None (a recorded tape's input).
+    """
+    base = momentum_beta if base is None else base
+    vv, gg, vg = dots[..., 0], dots[..., 1], dots[..., 2]
+    dd = vv + 2.0 * vg + gg
+    cols = (vv, gg, dd, vg, vv + vg) if exact else (vv, gg, dd)
+    if exact and f_decrease is None:
+        f_decrease = dots[..., 3]
+    return base(xp, _Columns(cols), cfg, lr=lr, f_decrease=f_decrease if exact else None)
 
 
 def adam_weights(

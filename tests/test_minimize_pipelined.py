@@ -291,11 +291,12 @@ def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
         lr=0.1,
         f_decrease=f_dec,
     )
-    device = _rule.momentum_beta(
+    device = _rule.momentum_beta_of_dots(
         np,
-        _core._momentum_sums_on(np, [np.asarray(v) for v in values], exact),
+        np.reshape(np.stack([np.asarray(v) for v in values]), (-1, 3)),
         config,
         lr=0.1,
+        exact=exact,
         f_decrease=None if f_dec is None else np.asarray(f_dec),
     )
     for h, d in zip(host, device, strict=True):
