@@ -136,10 +136,7 @@ def read(xp: Any, values: list) -> list[float]:
     stacked; the stack is copied to the host once.
     """
     device = [v for v in values if not isinstance(v, _HOST)]
-    if not device:
-        return [float(v) for v in values]
-    got = iter(_to_host_list(_pack(xp, device)))
-    return [float(v) if isinstance(v, _HOST) else next(got) for v in values]
+    return Pending(values, _pack(xp, device) if device else None, None, None).values()
 
 
 def to_device(xp: Any, a: np.ndarray, like: Any) -> tuple[Any, Any]:
