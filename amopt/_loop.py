@@ -489,7 +489,9 @@ class _DeviceSampler:
     def __init__(self, sampler: _Sampler, xp: Any, like: Any, steps: int):
         self.sampler, self.xp, self.like, self.left = sampler, xp, like, steps
         self.block: Any = None
-        self.keep: Any = None  # the host buffer of the latest copy
+        # the host buffers of copies that may still be in flight (a pipelined loop waits
+        # for the device one step behind, so a copy can outlive the block it filled)
+        self.keep: list = []
         self.pos = self.size = 0
 
     def __call__(self) -> Any:
@@ -500,7 +502,8 @@ class _DeviceSampler:
                 host = np.concatenate([s() for _ in range(k)])
             else:
                 host = s.rng.permutation(s.n)
-            self.block, self.keep = to_device(self.xp, host, self.like)
+            self.block, keep = to_device(self.xp, host, self.like)
+            self.keep = [k for k in self.keep if not k.done] + ([] if keep is None else [keep])
             self.pos, self.size = 0, host.size
         idx = self.block[self.pos : min(self.pos + s.batch_size, self.size)]
         self.pos += s.batch_size
@@ -993,8 +996,8 @@ class _Reads:
         }
 
 
-#: Whether full-batch runs on device arrays are pipelined (:func:`_run_pipelined`):
-#: None chooses by the arrays (an asynchronous device, no callback).
+#: Whether runs on device arrays are pipelined (:func:`_run_pipelined`): None chooses
+#: by the arrays (an asynchronous device, no callback).
 _PIPELINE: bool | None = None
 
 
@@ -1013,24 +1016,27 @@ class _Point(NamedTuple):
 
 
 def _run_pipelined(
-    layout, obj, step, split, reads, bound, *, maxiter, gtol, is_am, wd
+    layout, obj, step, split, reads, bound, sampler, *, maxiter, gtol, is_am, wd, stochastic
 ) -> OptimizeResult:
-    r"""The full-batch loop of :func:`_run_device` with the device one iteration ahead.
+    r"""The loop of :func:`_run_device` with the device one iteration ahead.
 
-    The values of iterate :math:`x_{t+1}` (its objective, gradient test, finiteness and,
-    for AM, the beta of the step that made it) are read while the step from
-    :math:`x_{t+1}` to :math:`x_{t+2}` is already queued: the host waits for the device
-    at most one step behind it, so the host's work for one iteration overlaps the
-    device's work for the previous one instead of adding to it. The AM rule therefore
-    runs on the device (``split.on_device``, or the whole core step), on the same
-    float64 values as the host rule of :func:`_run_device`.
+    The values of iterate :math:`x_{t+1}` (its finiteness, the objective and gradient
+    test of its evaluation, full or on its mini-batch, and, for AM, the beta of the step
+    that made it) are read while the step from :math:`x_{t+1}` to :math:`x_{t+2}` is
+    already queued: the host waits for the device at most one step behind it, so the
+    host's work for one iteration overlaps the device's work for the previous one
+    instead of adding to it. The AM rule therefore runs on the device
+    (``split.on_device``, or the whole core step), on the same float64 values as the
+    host rule of :func:`_run_device`.
 
     The tests, their order and the result are those of :func:`_run_device`: ``nit``,
-    the status and the returned iterate are the same. A run that stops on ``gtol`` or
-    on a non-finite iterate has evaluated ``fun`` once more, at the step queued past
-    the stopping point (counted in ``nfev``); a ``maxiter`` run has not.
+    the status, the returned iterate and the mini-batches drawn are the same. A run that
+    stops on ``gtol`` or on a non-finite value has evaluated ``fun`` once more (and
+    drawn one more mini-batch), at the step queued past the stopping point (counted in
+    ``nfev``); a ``maxiter`` run has not. Mini-batch runs need ``maxiter >= 1``.
     """
     xp = layout.xp
+    batches = sampler is not None
 
     def method_f(f: Any, at: tuple) -> Any:
         # the device F = f + wd/2 |x|^2 of the step, on the float64 values the host adds
@@ -1044,7 +1050,7 @@ def _run_pipelined(
         return total if sq is None else total + (0.5 * wd) * sq
 
     def evaluate(xs: tuple, state: Any) -> tuple:
-        f, gs = obj(xs)
+        f, gs = obj(xs) if sampler is None else obj.batch(xs, sampler())
         g_c = reads.coupled(xs, gs)
         pending, sums = None, []
         if split is not None:
@@ -1052,17 +1058,20 @@ def _run_pipelined(
             sums = sums if isinstance(sums, list) else [sums]
         return f, gs, g_c, state, pending, sums
 
-    def launch(pt: _Point) -> _Point:
+    def launch(pt: _Point, last: bool) -> _Point:
         f_c = method_f(pt.f, pt.xs)
         if split is not None:
             new_xs, state, beta = split.apply(pt.xs, pt.g_c, f_c, pt.state, pt.pending, pt.sums)
         else:
             new_xs, state, beta = step(pt.xs, pt.g_c, f_c, pt.state)
-        f, gs, g_c, state, pending, sums = evaluate(new_xs, state)
         per_layer = isinstance(beta, tuple)
         betas = list(beta) if per_layer else [] if beta is None else [beta]
         # with a bound, the finiteness of x is proven on the host when the bound allows
         check = new_xs if bound is None else None
+        if last and batches:  # no mini-batch is drawn at the last iterate: x is all to read
+            read = reads.start(check, None, (), [], x_only=True, extra=betas)
+            return _Point(new_xs, None, (), (), state, None, [], read, per_layer)
+        f, gs, g_c, state, pending, sums = evaluate(new_xs, state)
         read = reads.start(check, f, g_c, sums, at=new_xs, sq=False, extra=betas)
         return _Point(new_xs, f, gs, g_c, state, pending, sums, read, per_layer)
 
@@ -1084,12 +1093,12 @@ def _run_pipelined(
             reason = "gtol"
             break
         if nit >= maxiter:
-            reason = "maxiter"
+            reason = "steps" if stochastic else "maxiter"
             break
         if nxt is None:
-            nxt = launch(cur)
+            nxt = launch(cur, nit + 1 >= maxiter)
         # queued before waiting for nxt's values: the device works while the host waits
-        after = launch(nxt) if nit + 1 < maxiter else None
+        after = launch(nxt, nit + 2 >= maxiter) if nit + 1 < maxiter else None
         got = reads.finish(nxt.read)
         if bound is not None and not bound.step(g_max):
             x_ok = reads.point(nxt.xs, None, (), [], x_only=True)["x"]
@@ -1098,8 +1107,15 @@ def _run_pipelined(
         if not math.isfinite(x_ok):
             reason = "nonfinite"
             break
-        gnorm_new = _gnorm(gtol, got["g"])
-        if not (math.isfinite(got["f"]) and math.isfinite(gnorm_new)):
+        if nxt.f is None:  # the last iterate of a mini-batch run: nothing evaluated there
+            gnorm_new = math.inf
+            finite = True
+        else:
+            gnorm_new = _gnorm(gtol, got["g"])
+            finite = math.isfinite(got["f"]) and math.isfinite(gnorm_new)
+        # full batch: an iterate whose objective is not finite is not taken; a mini-batch
+        # that is not finite ends the run at the (finite) iterate it was drawn at
+        if not (finite or batches):
             reason = "nonfinite"
             break
         cur, nxt = nxt, after
@@ -1108,7 +1124,14 @@ def _run_pipelined(
         if is_am:
             values = tuple(np.float64(v) for v in got["extra"])
             betas.append(values if cur.per_layer else values[0])
-    gs = layout.copy(cur.gs)  # the caller's gradient, not aliased by the result
+        if not finite:
+            reason = "nonfinite"
+    if batches:  # the result reports the full objective at the returned iterate
+        f, gs = obj(cur.xs)
+        f = read(xp, [f])[0]
+    else:
+        gs = cur.gs
+    gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
     return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None)
 
 
@@ -1149,9 +1172,9 @@ def _run_device(
       non-finite one is then taken back (``nit``, betas). With a ``callback`` it is
       read before the callback sees the iterate, one more transfer per iteration.
 
-    On an asynchronous device (:func:`amopt._lazy._device.asynchronous`) a full-batch
-    run without a callback is pipelined instead (:func:`_run_pipelined`): the host
-    reads each iterate while the next step is already queued.
+    On an asynchronous device (:func:`amopt._lazy._device.asynchronous`) a run without
+    a callback, full-batch or mini-batch, is pipelined instead (:func:`_run_pipelined`):
+    the host reads each iterate while the next step is already queued.
     """
     xp = layout.xp
     # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
@@ -1183,13 +1206,13 @@ def _run_device(
         return split.apply(arrays, g_c, f_step, state, pending, values)
 
     pipelined = _PIPELINE if _PIPELINE is not None else asynchronous(layout.arrays)
-    if sampler is None and cb is None and pipelined:
+    if cb is None and pipelined and (sampler is None or maxiter > 0):
         on_device = split if split is not None and split.on_device else None
         if on_device is None and split is not None:  # the whole step, its rule on the device
             reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, None)
         return _run_pipelined(
-            layout, obj, step, on_device, reads, bound,
-            maxiter=maxiter, gtol=gtol, is_am=is_am, wd=wd,
+            layout, obj, step, on_device, reads, bound, sampler,
+            maxiter=maxiter, gtol=gtol, is_am=is_am, wd=wd, stochastic=stochastic,
         )  # fmt: skip
     if sampler is None:
         f, gs = obj(xs)

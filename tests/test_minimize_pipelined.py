@@ -1,7 +1,8 @@
 """The pipelined device loop: the host reads iterate t while the step to t + 1 is queued.
 
 On an asynchronous device (torch CUDA tensors, CuPy arrays) ``minimize`` runs its
-full-batch loop one step ahead of its reads (``amopt._loop._run_pipelined``). torch
+loop, full-batch or mini-batch, one step ahead of its reads
+(``amopt._loop._run_pipelined``). torch
 tensors on the CPU take it when ``amopt._loop._PIPELINE`` forces it; a read there is
 made when the loop waits for it, so the order of evaluations and waits is the
 pipeline's. The reference is the waiting loop (``_PIPELINE = False``) on the same
@@ -23,7 +24,9 @@ from amopt._lazy import _device
 from amopt.backends import library_available
 
 from test_minimize_device_syncs import (
+    ADAM_FAMILY,
     FULL,
+    STOCHASTIC,
     _Blowup,
     _DeviceLeastSquares,
     _per_iteration,
@@ -106,6 +109,71 @@ def test_pipelined_runs_are_the_runs_of_the_waiting_loop(pipelined, method, case
             np.testing.assert_array_equal(got.betas, want.betas)
 
 
+class _Batches(_DeviceLeastSquares):
+    """A consistent least-squares FiniteSum (``b = A x*``: mini-batch gradients vanish at
+    the solution, so ``gtol`` can stop a mini-batch run) that records its batches."""
+
+    def __init__(self):
+        super().__init__(n=120, d=8)
+        x_star = torch.linspace(-1.0, 1.0, 8, dtype=torch.float64)
+        self.b = self.A @ x_star
+        self.batches = []
+
+    def batch_value_and_grad(self, x, idx):
+        self.batches.append(idx)
+        return super().batch_value_and_grad(x, idx)
+
+
+BATCH_CASES = {
+    "steps": {"maxiter": 30, "gtol": 0.0, "lr": 0.05},
+    "gtol": {"maxiter": 3000, "gtol": 1e-3, "lr": 0.2},
+    "maxiter-1": {"maxiter": 1, "lr": 0.05},
+    "maxiter-0": {"maxiter": 0, "lr": 0.05},
+    "replace": {"maxiter": 25, "lr": 0.05, "replace": True, "batch_size": 7},
+    "decay": {"maxiter": 40, "gtol": 1e-4, "lr": 0.05, "weight_decay": 0.1},
+}
+
+
+def _extra_batches(res, maxiter):
+    """Mini-batches the pipeline drew past a stop at iterate ``nit`` on its batch's
+    values: the one at ``nit + 1``, when it was queued (none is drawn at ``maxiter``,
+    where a run of its steps stops)."""
+    return 1 if res.status in (0, 2) and 0 < res.nit and res.nit + 1 < maxiter else 0
+
+
+@pytest.mark.parametrize("case", list(BATCH_CASES))
+@pytest.mark.parametrize("method", STOCHASTIC + ADAM_FAMILY)
+def test_pipelined_mini_batch_runs_are_the_runs_of_the_waiting_loop(pipelined, method, case):
+    opts = {"batch_size": 16, "seed": 3} | BATCH_CASES[case]
+    if method == "am-sgd" and case == "decay":
+        opts["numerator"] = "exact"  # F of the mini-batch enters the rule, on the device
+    runs = []
+    for flag in (False, True):
+        prob = _Batches()
+        res = pipelined(
+            flag, prob, torch.zeros(8, dtype=torch.float64), method=method, options=opts
+        )
+        runs.append((res, [idx.tolist() for idx in prob.batches]))
+    (want, want_batches), (got, got_batches) = runs
+    assert (got.nit, got.status, got.message) == (want.nit, want.status, want.message)
+    extra = _extra_batches(want, opts["maxiter"])
+    assert got.nfev == want.nfev + extra
+    # the same mini-batches, drawn in the same order (one more past a stop)
+    assert got_batches[: len(want_batches)] == want_batches
+    assert len(got_batches) == len(want_batches) + extra
+    if case == "gtol":
+        assert want.status == 0 and 0 < want.nit < opts["maxiter"]  # the case is a gtol stop
+    if method in REFORMULATED:
+        np.testing.assert_allclose(got.x, want.x, rtol=1e-12, atol=1e-14)
+        assert math.isclose(float(got.fun), float(want.fun), rel_tol=1e-12, abs_tol=1e-300)
+        np.testing.assert_allclose(got.betas, want.betas, rtol=0, atol=1e-9)
+    else:
+        assert torch.equal(got.x, want.x) and torch.equal(got.jac, want.jac)
+        assert float(got.fun) == float(want.fun)
+        if "betas" in want:
+            np.testing.assert_array_equal(got.betas, want.betas)
+
+
 @pytest.mark.parametrize("per_layer", [False, True])
 @pytest.mark.parametrize("method", ["mgd", "am-mgd", "adamw", "am-adamw"])
 def test_pipelined_parameter_lists_of_two_dtypes(pipelined, method, per_layer):
@@ -128,6 +196,27 @@ def test_pipelined_parameter_lists_of_two_dtypes(pipelined, method, per_layer):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert got.betas.shape == want.betas.shape == ((want.nit, 2) if per_layer else (want.nit,))
     np.testing.assert_allclose(got.betas, want.betas, rtol=0, atol=1e-5)
+
+
+def test_the_host_waits_one_step_behind_the_device_on_mini_batches(monkeypatch):
+    """As in full batch, the mini-batch at t + 1 is drawn and evaluated before the wait
+    for iterate t's values; none is drawn at ``maxiter``, whose iterate is read alone,
+    and the last wait is the result's full objective."""
+    prob = _Batches()
+    waits = []
+    real_values = _device.Pending.values
+
+    def values(self):
+        waits.append(len(prob.batches))
+        return real_values(self)
+
+    monkeypatch.setattr(_device.Pending, "values", values)
+    monkeypatch.setattr(_loop, "_PIPELINE", True)
+    maxiter = 8
+    opts = {"maxiter": maxiter, "lr": 0.01, "batch_size": 16, "seed": 0}
+    res = amopt.minimize(prob, torch.zeros(8, dtype=torch.float64), method="am-sgd", options=opts)
+    assert res.nit == maxiter and "maxiter" in res.message
+    assert waits == [1] + [min(t + 2, maxiter) for t in range(1, maxiter + 1)] + [maxiter]
 
 
 @pytest.mark.parametrize("with_callback", [False, True])
@@ -175,6 +264,11 @@ def test_the_host_waits_one_step_behind_the_device(monkeypatch, with_callback):
         ("am-mgd", {"lr": 1e306}),
         ("adam", {"lr": 1e308}),
         ("mgd", {"lr": 3.0}),
+        ("sgd", {"lr": 3.0}),
+        ("am-sgd", {"lr": 3.0}),
+        ("sgd", {"lr": 1e306}),  # the first step's iterate overflows
+        ("msgd", {"lr": 1e306, "maxiter": 1}),  # ... and it is the last one
+        ("am-adamw", {"lr": 1e308, "batch_size": 3}),
     ],
 )
 def test_pipelined_non_finite_runs_stop_where_numpy_stops(pipelined, method, options):
@@ -191,8 +285,10 @@ def test_pipelined_non_finite_runs_stop_where_numpy_stops(pipelined, method, opt
     assert len(got.get("betas", [])) == len(want.get("betas", []))
 
 
-@pytest.mark.parametrize("method", FULL)
-def test_one_synchronisation_per_pipelined_iteration(monkeypatch, method):
+@pytest.mark.parametrize(
+    ("method", "batch"), [(m, False) for m in FULL + STOCHASTIC] + [(m, True) for m in ADAM_FAMILY]
+)
+def test_one_synchronisation_per_pipelined_iteration(monkeypatch, method, batch):
     """Still one read per iteration; the rule on the device is its only extra work.
 
     Above the waiting loop: nothing for the fixed-momentum and Adam methods; for the
@@ -200,9 +296,9 @@ def test_one_synchronisation_per_pipelined_iteration(monkeypatch, method):
     numerator and gamma: about 20 elementwise operations) and the forming of its sums
     and coefficients, fewer than 40 aten ops (views included).
     """
-    waiting = _per_iteration(method)
+    waiting = _per_iteration(method, batch)
     monkeypatch.setattr(_loop, "_PIPELINE", True)
-    syncs, ops = _per_iteration(method)
+    syncs, ops = _per_iteration(method, batch)
     assert syncs <= 1.0
     if method.startswith("am-"):
         assert 0 < ops - waiting[1] < 40

@@ -27,7 +27,7 @@ import numpy as np
 
 from amopt.backends import to_numpy
 
-__all__ = ["Pending", "asynchronous", "is_device", "read", "start_read", "to_device"]
+__all__ = ["Copying", "Pending", "asynchronous", "is_device", "read", "start_read", "to_device"]
 
 
 def is_device(arrays: Any) -> bool:
@@ -139,14 +139,30 @@ def read(xp: Any, values: list) -> list[float]:
     return Pending(values, _pack(xp, device) if device else None, None, None).values()
 
 
-def to_device(xp: Any, a: np.ndarray, like: Any) -> tuple[Any, Any]:
+class Copying:
+    """A host buffer that an asynchronous copy to the device reads, kept alive for it.
+
+    :attr:`done` is True once the copy has completed (the buffer may then be freed).
+    """
+
+    __slots__ = ("_buffer", "_event")
+
+    def __init__(self, buffer: Any, event: Any):
+        self._buffer, self._event = buffer, event
+
+    @property
+    def done(self) -> bool:
+        return bool(self._event.done)
+
+
+def to_device(xp: Any, a: np.ndarray, like: Any) -> tuple[Any, Copying | None]:
     """``a`` (host indices) as an array of ``xp`` on the device of ``like``.
 
     A copy from pageable host memory waits for the device's queue to drain; from
     pinned memory it is queued behind the work already submitted instead (torch and
-    CuPy on CUDA). Returns the array and the host buffer the copy reads (``None``
-    where the library keeps it alive): the caller holds the buffer until a later
-    synchronisation has passed.
+    CuPy on CUDA). Returns the array and, where the library does not keep the host
+    buffer alive until the copy has run (CuPy's pinned memory pool), a
+    :class:`Copying` that the caller holds until it is ``done``.
     """
     device = array_api_compat.device(like)
     if array_api_compat.is_torch_array(like) and getattr(device, "type", None) == "cuda":
@@ -162,6 +178,7 @@ def to_device(xp: Any, a: np.ndarray, like: Any) -> tuple[Any, Any]:
             host = np.frombuffer(pinned, a.dtype, a.size).reshape(a.shape)
             host[...] = a
             out = cupy.empty(a.shape, dtype=a.dtype)
-            out.set(host, stream=cupy.cuda.get_current_stream())
-            return out, pinned
+            stream = cupy.cuda.get_current_stream()
+            out.set(host, stream=stream)
+            return out, Copying(pinned, stream.record())
     return xp.asarray(a, device=device), None

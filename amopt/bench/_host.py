@@ -511,7 +511,7 @@ def minimize_counts(
     finite sum (512 samples, dimension ``n // 10``), for the two iteration counts of
     ``iterations``; the per-iteration figures are the differences divided by the
     difference of the counts, so that the set-up and the final evaluation cancel.
-    ``pipelined``: the full-batch loop of an asynchronous device (CUDA, CuPy), which
+    ``pipelined``: the loop of an asynchronous device (CUDA, CuPy), which
     reads each iterate while the next step is queued and runs the AM rule there.
 
     Returns
