@@ -552,3 +552,26 @@ def test_cupy_runs_the_numpy_iterates_and_batches(method, options):
     np.testing.assert_allclose(xs_c, xs_np, rtol=0, atol=1e-12)
     if "betas" in want:
         np.testing.assert_allclose(got.betas, want.betas, rtol=0, atol=1e-9)
+
+
+@pytest.mark.skipif(not library_available("cupy"), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize(("method", "options"), [m for m in _SAME if m[0] not in FULL])
+def test_cupy_pipelined_mini_batch_runs_are_the_numpy_runs(method, options):
+    """Without a callback a CuPy mini-batch run is pipelined: same batches, same result."""
+    import array_api_compat.cupy as cpx
+
+    runs = []
+    for xp in (npx, cpx):
+        X, y = logreg_data()
+        prob = _Recording(Logistic(xp, X, y))
+        opts = {"lr": 0.5 / prob.inner.L, "maxiter": 25, "gtol": 0.0, **options}
+        res = amopt.minimize(prob, xp.full(8, 0.1, dtype=xp.float64), method=method, options=opts)
+        runs.append((res, prob.batches))
+    (want, batches_np), (got, batches_c) = runs
+    assert got.nit == want.nit == 25 and got.status == want.status and got.nfev == want.nfev
+    for b_c, b_np in zip(batches_c, batches_np, strict=True):
+        np.testing.assert_array_equal(b_c, b_np)
+    np.testing.assert_allclose(got.x.get(), want.x, rtol=0, atol=1e-12)
+    assert math.isclose(float(got.fun), want.fun, rel_tol=1e-12)
+    if "betas" in want:
+        np.testing.assert_allclose(got.betas, want.betas, rtol=0, atol=1e-9)

@@ -324,13 +324,18 @@ def test_a_read_started_is_the_read(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("method", ["mgd", "am-mgd", "am-adamw"])
-def test_cuda_runs_are_pipelined_and_the_waiting_runs(method):
+@pytest.mark.parametrize(
+    ("method", "batch"),
+    [("mgd", None), ("am-mgd", None), ("am-adamw", None), ("am-sgd", 16), ("am-adamw", 16)],
+)
+def test_cuda_runs_are_pipelined_and_the_waiting_runs(method, batch):
     prob = _DeviceLeastSquares()
     prob.A, prob.b = prob.A.cuda(), prob.b.cuda()
     x0 = torch.zeros(20, dtype=torch.float64, device="cuda")
     assert _device.asynchronous([x0])
     opts = {"maxiter": 300, "gtol": 1e-4, "lr": 0.05}
+    if batch is not None:
+        opts |= {"batch_size": batch, "seed": 0, "gtol": 0.0}
     got = amopt.minimize(prob, x0, method=method, options=opts)
     _loop._PIPELINE = False
     try:
