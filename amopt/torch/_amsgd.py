@@ -644,17 +644,21 @@ def _single_tensor_amsgd(
     # reduce: <v,v>, <g,g>, <d,d> of each scope (the buffers hold v = d - g afterwards)
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
     accs = [accumulation_dtype(gs[i].dtype for i in scope) for scope in scopes]
+    # whether the buffers hold v = d - g after the reduce (else the apply forms it again)
+    stored = True
     if torch.compiler.is_compiling() and sync is None and len(set(accs)) == 1:
         # <v,v>, <g,g>, <v,g> of each tensor, which the compiler forms in one loop
         # (<d,d> as a fourth sum it forms in another), handed to the rule operator one
         # by one; it adds them up and forms <d,d> = <v,v> + 2<v,g> + <g,g>, which the
-        # rule reads only in its zero-denominator threshold
+        # rule reads only in its zero-denominator threshold. v is not stored: the apply's
+        # loop forms it again from the d and g it reads anyway, a write pass fewer
         parts = []
         for g, d in zip(gs, ds, strict=True):
             wide = wide_dtype(g.device)  # squares in float64: no underflow, no overflow
-            d.sub_(g)
-            parts += [sqsum(d, wide), sqsum(g, wide), (d.to(wide) * g.to(wide)).sum()]
+            v = d - g
+            parts += [sqsum(v, wide), sqsum(g, wide), (v.to(wide) * g.to(wide)).sum()]
         beta, gamma = _traced_ops.rule_from_sums(_rule.momentum_beta, parts, config, accs[0])
+        stored = False
     else:
         rows = []
         for scope in scopes:
@@ -679,7 +683,8 @@ def _single_tensor_amsgd(
         for i in scope:
             # in float32 for half precision (stored back in the param dtype)
             op = accumulation_dtype([ds[i].dtype])
-            d, g, x = (t.to(op) for t in (ds[i], gs[i], xs[i]))
+            v = ds[i] if stored else ds[i] - gs[i]  # in the buffer's dtype, as the reduce's
+            d, g, x = (t.to(op) for t in (v, gs[i], xs[i]))
             d.mul_(gamma_k.to(device=d.device, dtype=op)).add_(g)
             x.add_(d, alpha=-lr)
             for low, high in ((ds[i], d), (xs[i], x)):
@@ -716,7 +721,10 @@ def _multi_tensor_amsgd(
     # reduce, per (device, dtype) bucket: g, d = g on the first step, v = d - g, and the
     # sums <v,v>, <g,g>, <d,d> of each tensor as the rows of a (3, n_bucket) tensor; in the
     # bucket's foreach_mode: chunk by chunk on the CPU (squares in float32 where that is
-    # safe, cpu_sqsums), else whole tensors, squares in float64 (wide_dtype)
+    # safe, cpu_sqsums), else whole tensors, squares in float64 (wide_dtype). The buffers
+    # hold v afterwards, except in a compiled step: there the apply's loop forms v again
+    # from the d and g it reads anyway, a write pass fewer
+    stored = not torch.compiler.is_compiling()
     buckets = []
     for (dev_params_, dev_grads_, dev_bufs_, dev_steps_), indices in grouped.values():
         dev_params = list(dev_params_)
@@ -764,8 +772,12 @@ def _multi_tensor_amsgd(
             else:  # squares in float64: no underflow, no overflow
                 wide = wide_dtype(device)
                 gd = foreach_sqsum(gs + ds, wide)
-                torch._foreach_sub_(ds, gs)
-                parts.append(torch.stack(foreach_sqsum(ds, wide) + gd).view(3, -1))
+                if stored:
+                    torch._foreach_sub_(ds, gs)
+                    vs = ds
+                else:
+                    vs = torch._foreach_sub(ds, gs)
+                parts.append(torch.stack(foreach_sqsum(vs, wide) + gd).view(3, -1))
             owner_ids += owners
         sums = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         if len(owner_ids) != len(indices):  # tensors cut into pieces: add the pieces up
@@ -811,14 +823,16 @@ def _multi_tensor_amsgd(
         for chunk in pieces:
             owners = [i for i, _ in chunk]
             xs_low, gs_low, ds_low = [list(ts) for ts in zip(*(p for _, p in chunk), strict=True)]
+            # v = d - g in the buffers' dtype, as the reduce formed it
+            vs_low = ds_low if stored else list(torch._foreach_sub(ds_low, gs_low))
             if ds_low[0].dtype == op:
-                xs, gs, ds = xs_low, gs_low, ds_low
+                xs, gs, ds = xs_low, gs_low, vs_low
             elif mode == "chunks":
                 xs, gs, ds = kit(0, xs_low), kit(1, gs_low), kit(2, ds_low)
             elif mode == "flat":
                 xs, gs, ds = kit.empty(op), kit.empty(op), kit.empty(op)
             else:
-                xs, gs, ds = (cast(ts, op) for ts in (xs_low, gs_low, ds_low))
+                xs, gs, ds = (cast(ts, op) for ts in (xs_low, gs_low, vs_low))
             if xs is not xs_low and mode != "lists":
                 for high, low in ((xs, xs_low), (gs, gs_low), (ds, ds_low)):
                     torch._foreach_copy_(high, low)
@@ -833,6 +847,7 @@ def _multi_tensor_amsgd(
             torch._foreach_add_(xs, ds, alpha=-lr)
             if ds is not ds_low:
                 torch._foreach_copy_(ds_low, ds)
+            if xs is not xs_low:
                 torch._foreach_copy_(xs_low, xs)
     return betas
 
