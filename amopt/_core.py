@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import array_api_compat
 import numpy as np
 
-from amopt import _cupy_rule, _numpy_fast, _rule, _tape
+from amopt import _cupy_apply, _cupy_rule, _numpy_fast, _rule, _tape
 from amopt._config import AMConfig, config_of_call, rule_keywords
 from amopt._reduce import (
     Array,
@@ -647,6 +648,8 @@ def am_momentum_apply(
         )
         f_next = float(f)
     new_d: list[Array] = list(ds)
+    new_x: list[Array] = list(xs)
+    fusable = array_api_compat.is_cupy_array(xs[0])  # one kernel for d and x on CuPy
     for k, scope in enumerate(scopes(len(xs), config.per_layer)):
         for i in scope:
             if on_device:
@@ -655,15 +658,22 @@ def am_momentum_apply(
                 coef = _host_scalar(xp, gamma[k], gs[i].dtype)
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
             # d - g is the sums' own where they were formed in the arrays' dtype.
-            v = ds[i] - gs[i] if diffs[i] is None else diffs[i]
-            new_d[i] = gs[i] + coef * v
-    new_x = tuple(x - lr * d for x, d in zip(xs, new_d, strict=True))
+            fused = None
+            if fusable:
+                w, with_v = (ds[i], False) if diffs[i] is None else (diffs[i], True)
+                fused = _cupy_apply.momentum_apply(xs[i], gs[i], w, coef, lr, with_v)
+            if fused is None:
+                v = ds[i] - gs[i] if diffs[i] is None else diffs[i]
+                new_d[i] = gs[i] + coef * v
+                new_x[i] = xs[i] - lr * new_d[i]
+            else:
+                new_d[i], new_x[i] = fused
     new_state = AMState(state.step + 1, tuple(new_d), f_next, state.d_from_g)
     if on_device:
         betas = tuple(beta[k] for k in range(beta.shape[0]))
     else:
         betas = tuple(np.float64(b) for b in beta.reshape(-1))
-    return restore(new_x, single), new_state, (betas if config.per_layer else betas[0])
+    return restore(tuple(new_x), single), new_state, (betas if config.per_layer else betas[0])
 
 
 # --------------------------------------------------------------------------- Adam / AdamW
