@@ -14,6 +14,7 @@ import scipy.special
 from .. import _lazy
 from ..backends import to_numpy
 from ..datasets._libsvm import _check_label_values, _label_convention, binary_labels, class_indices
+from . import _cupy_logistic
 from ._base import _check_int, _check_scalar, _Design, _RowSum, _SolvedNumerically
 from ._reference import ReferenceSolution, solve_reference
 
@@ -260,12 +261,19 @@ class LogisticRegression(_SolvedNumerically, _RowSum):
     def _eval(self, x: Any, xp: Any, X: Any, t: Any, m: int, XT: Any = None):
         data = self._data
         if self.kind == "binary":
-            neg_margin = -(t * data.matvec(X, x))
-            loss = xp.logaddexp(self._zero(neg_margin, xp), neg_margin)
+            z = data.matvec(X, x)
+            fused = None
+            if array_api_compat.is_cupy_array(z):  # the six operations below in one kernel
+                fused = _cupy_logistic.loss_and_residual(t, z)
+            if fused is None:
+                neg_margin = -(t * z)
+                loss = xp.logaddexp(self._zero(neg_margin, xp), neg_margin)
+                # b * sigmoid(-margin), stable both ways; the gradient X^T (-b sigmoid(-margin))
+                # / m with its sign in the divisor (the same values: negation is exact)
+                s = t * xp.exp(neg_margin - loss)
+            else:
+                loss, s = fused
             f = xp.sum(loss) / m
-            # b * sigmoid(-margin), stable both ways; the gradient X^T (-b sigmoid(-margin)) / m
-            # with its sign in the divisor (the same values: negation is exact)
-            s = t * xp.exp(neg_margin - loss)
             g = data.rmatvec(X, s, xp, XT) / (-m)
         else:
             W = xp.reshape(x, (self.n_features, self.n_classes))
