@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-from amopt import _cupy_apply, _cupy_rule, _numpy_fast, _rule, _tape
+from amopt import _cupy_apply, _cupy_rule, _numpy_fast, _rule, _tape, _torch_rule
 from amopt._config import AMConfig, config_of_call, rule_keywords
 from amopt._reduce import (
     Array,
@@ -620,8 +620,11 @@ def am_momentum_apply(
         f_decrease = state.f_prev - f if exact else None
         rule_xp = plain_namespace(xp)
         fused = None
-        if getattr(rule_xp, "__name__", "") == "cupy":  # one kernel from the rule's tape
+        library = getattr(rule_xp, "__name__", "")
+        if library == "cupy":  # one kernel from the rule's tape
             fused = _cupy_rule.momentum_rule(_rule.momentum_beta, sums, config, lr, f_decrease)
+        elif library == "torch" and _torch_rule.applies(sums[0]):  # one Triton kernel
+            fused = _torch_rule.momentum_rule(_rule.momentum_beta, sums, config, lr, f_decrease)
         if fused is not None:
             beta, gamma = fused
         else:

@@ -395,6 +395,30 @@ _TRITON_OPS = {
 }
 
 
+def triton_kernel(code: np.ndarray, outputs: np.ndarray, dtype: Any) -> Any:
+    """:func:`triton_source` of a tape compiled by ``triton.jit`` (interpreted under
+    ``TRITON_INTERPRET``, as ``triton.jit`` decides when it is called); None for a tape
+    it cannot write. The name is a hash of the tape and the dtype; the source, made
+    here from the recorded operations and never read from elsewhere, goes into
+    ``linecache`` so that ``triton.jit`` finds what it compiles."""
+    import hashlib
+    import linecache
+
+    import triton
+    import triton.language
+
+    digest = hashlib.sha256(code.tobytes() + outputs.tobytes() + np.dtype(dtype).str.encode())
+    name = "amopt_rule_" + digest.hexdigest()[:16]
+    source = triton_source(code, outputs, dtype, name)
+    if source is None:
+        return None
+    filename = f"<amopt rule kernel {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"tl": triton.language}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+    return triton.jit(namespace[name])
+
+
 def triton_source(code: np.ndarray, outputs: np.ndarray, dtype: Any, name: str) -> str | None:
     """A recorded tape as the source of a Triton kernel ``name``, one scope per lane.
 

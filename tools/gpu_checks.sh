@@ -31,6 +31,7 @@ test_s="${1:-150}"; bench_s="${2:-170}"; shift 2 2>/dev/null || shift $#
     tests/test_torch_optim_renewed.py \
     "tests/test_minimize_device_syncs.py" "tests/test_problems_sparse_device.py" \
     tests/test_minimize_pipelined.py tests/test_cupy_rule.py tests/test_cupy_apply.py tests/test_cupy_logistic.py \
+    tests/test_torch_triton_rule.py \
     -k "cuda or cupy or triton or Triton or gpu" 2>&1 | tee "$out/tests.log" \
     | grep -v -E " PASSED| SKIPPED|^\[gw" | tail -60
 echo "tests exit: ${PIPESTATUS[0]}"

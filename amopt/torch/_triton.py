@@ -60,8 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import linecache
 import operator
 import os
 import warnings
@@ -565,8 +563,8 @@ def _segment_sum(
     tl.store(out_ptr + s * K + cols, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cols < K)
 
 
-#: Jitted rule kernels by their source, and by (rule, config, dtype).
-_RULE_KERNELS: dict[tuple[str, bool], Any] = {}
+#: Jitted rule kernels by their tape, dtype and interpretation, and by (rule, config, dtype).
+_RULE_KERNELS: dict[tuple, Any] = {}
 _RULE_BY_KEY: dict[tuple, Any] = {}
 _RULE_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
 
@@ -596,28 +594,10 @@ def _make_rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret
     tape = _tape.traced(rule, _K, cfg=config, dtype=np_dtype)
     if tape is None:
         return None
-    name = (
-        "amopt_rule_"
-        + hashlib.sha256(
-            tape[0].tobytes() + tape[1].tobytes() + np.dtype(np_dtype).str.encode()
-        ).hexdigest()[:16]
-    )
-    kernel = _RULE_KERNELS.get((name, interpret))
-    if kernel is None:
-        source = _tape.triton_source(*tape, np_dtype, name)
-        if source is None:
-            return None
-        import triton
-        import triton.language
-
-        # generated here from the recorded operations, never read from elsewhere; in
-        # linecache so that triton.jit finds the source it compiles
-        filename = f"<amopt rule kernel {name}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        namespace: dict[str, Any] = {"tl": triton.language}
-        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
-        kernel = _RULE_KERNELS[(name, interpret)] = triton.jit(namespace[name])
-    return kernel
+    key = (tape[0].tobytes(), tape[1].tobytes(), np.dtype(np_dtype).str, interpret)
+    if key not in _RULE_KERNELS:
+        _RULE_KERNELS[key] = _tape.triton_kernel(*tape, np_dtype)
+    return _RULE_KERNELS[key]
 
 
 def _rule_options(interpret: bool) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""The AM-MGD rule on torch CUDA tensors as one Triton kernel, generated from the rule's tape.
+
+The counterpart of :mod:`amopt._cupy_rule` for torch: the pipelined loop of
+:func:`amopt.minimize` runs the rule on the device (``amopt._core.am_momentum_apply``),
+which as tensor operations on 0-d tensors is about twenty-five kernel launches per
+iteration. Here the rule, from the split's three dots of each scope (and the decrease of
+f for the exact numerator) to beta and gamma, is recorded once as a tape
+(:mod:`amopt._tape`) and written out as a Triton kernel over the scopes
+(:func:`amopt._tape.triton_kernel`, compiled without contraction into multiply-adds):
+the same IEEE operations in the same order in float64, bit for bit the rule's values.
+
+It runs on CUDA tensors where Triton imports, and on CPU tensors only when the tests ask
+for it (:data:`FORCE`, under ``TRITON_INTERPRET=1``). A rule that cannot be recorded
+leaves the rule to the tensor operations, as does a kernel that Triton cannot build (with
+one warning per process).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+from amopt import _rule, _tape
+
+__all__ = ["applies", "momentum_rule"]
+
+#: scopes per program of the kernel
+BLOCK = 128
+#: run on CPU tensors too (the tests, with ``TRITON_INTERPRET=1``)
+FORCE = False
+
+#: kernels by (rule, config, lr, exact, interpreted); None where none could be made
+_KERNELS: dict[tuple, Any] = {}
+_WARNED: list[bool] = []
+
+
+def _interpret() -> bool:
+    try:
+        from triton import knobs
+    except ImportError:  # pragma: no cover - Triton before knobs
+        import os
+
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return bool(knobs.runtime.interpret)
+
+
+def applies(t: Any) -> bool:
+    """Whether the rule of sums like ``t`` (a torch tensor) runs in the kernel."""
+    return t.device.type == "cuda" or FORCE
+
+
+@functools.cache
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _kernel(rule: Any, config: Any, lr: float, exact: bool) -> Any:
+    if not _has_triton():  # the tensor operations, without a warning
+        return None
+    key = (rule, config, float(lr), exact, _interpret())
+    if key not in _KERNELS:
+        tape = _tape.traced(
+            _rule.momentum_beta_of_dots,
+            4 if exact else 3,
+            cfg=config,
+            base=rule,
+            lr=float(lr),
+            exact=exact,
+        )
+        _KERNELS[key] = None if tape is None else _tape.triton_kernel(*tape, "float64")
+    return _KERNELS[key]
+
+
+def momentum_rule(
+    rule: Any, sums: list, config: Any, lr: float, f_decrease: Any
+) -> tuple[Any, Any] | None:
+    """``(beta, gamma)`` per scope (float64 tensors) from the split's 0-d dots ``sums``
+    (three per scope) and the 0-d float64 ``f_decrease`` (None: linearised), in one
+    kernel; None where the rule is left to the tensor operations."""
+    import torch
+
+    exact = f_decrease is not None
+    try:
+        kernel = _kernel(rule, config, lr, exact)
+        if kernel is None:
+            return None
+        n = len(sums) // 3
+        s = torch.stack(sums).to(torch.float64).view(n, 3)
+        if exact:  # the decrease of f as every scope's fourth input
+            s = torch.cat([s, f_decrease.reshape(1, 1).expand(n, 1)], 1)
+        out = torch.empty((2, n), dtype=torch.float64, device=s.device)
+        import triton.language as tl
+
+        options = {} if _interpret() else {"num_warps": 1, "enable_fp_fusion": False}
+        grid = ((n + BLOCK - 1) // BLOCK,)
+        kernel[grid](s, out, n, K=s.shape[1], OUT=tl.float64, BLOCK=BLOCK, **options)
+        return out[0], out[1]
+    except Exception as exc:  # noqa: BLE001 - a kernel Triton cannot build or run here
+        _KERNELS[(rule, config, float(lr), exact, _interpret())] = None
+        if not _WARNED:
+            _WARNED.append(True)
+            warnings.warn(
+                f"the AM rule's Triton kernel failed ({type(exc).__name__}: {exc}); the "
+                "rule runs as tensor operations",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return None

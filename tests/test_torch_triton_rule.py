@@ -1,0 +1,148 @@
+"""The AM-MGD rule of ``minimize`` on torch CUDA tensors as one Triton kernel.
+
+Without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set here
+for this module only) on CPU tensors, which ``amopt._torch_rule.FORCE`` lets it take.
+The reference is the rule itself on float64 NumPy sums (bit for bit), and, for whole
+runs, the waiting loop, whose rule runs on host floats.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import amopt
+from amopt import _loop, _rule, _torch_rule
+from amopt._config import AMConfig
+
+from test_cupy_rule import CONFIGS, _reference, _rows, _same_bits
+from test_minimize_device_syncs import _DeviceLeastSquares
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no Triton")
+
+INTERPRET = not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in (
+    "",
+    "0",
+)
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    if INTERPRET:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setattr(_torch_rule, "FORCE", True)
+
+
+@pytest.mark.parametrize("fd", [None, 0.25, -3.0])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_kernel_is_the_rule_bit_for_bit(name, fd):
+    config = AMConfig.from_options(CONFIGS[name])
+    rows = _rows(np.random.default_rng(9), 300)
+    sums = [torch.tensor(v, dtype=torch.float64, device=DEVICE) for v in rows.reshape(-1)]
+    f_dec = None if fd is None else torch.tensor(fd, dtype=torch.float64, device=DEVICE)
+    out = _torch_rule.momentum_rule(_rule.momentum_beta, sums, config, 0.05, f_dec)
+    assert out is not None
+    want_beta, want_gamma = _reference(rows, config, 0.05, fd)
+    _same_bits(out[0].cpu().numpy(), want_beta)
+    _same_bits(out[1].cpu().numpy(), want_gamma)
+
+
+def test_float32_dots_are_widened_first():
+    """The rule reads float32 dots (float32 arrays) as float64 values, as the host does."""
+    config = AMConfig.from_options({})
+    rows = _rows(np.random.default_rng(4), 50)[:50].astype(np.float32)
+    sums = [torch.tensor(v, device=DEVICE) for v in rows.reshape(-1)]
+    out = _torch_rule.momentum_rule(_rule.momentum_beta, sums, config, 0.1, None)
+    want_beta, want_gamma = _reference(rows.astype(np.float64), config, 0.1, None)
+    _same_bits(out[0].cpu().numpy(), want_beta)
+    _same_bits(out[1].cpu().numpy(), want_gamma)
+
+
+CASES = {
+    "gtol": {"maxiter": 400, "gtol": 1e-4, "lr": 0.05},
+    "exact-decay": {"maxiter": 60, "lr": 0.05, "weight_decay": 0.1, "numerator": "exact"},
+    "per-scope": {"maxiter": 40, "lr": 0.05, "lam": 0.2, "variant": "clip"},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("method", ["am-mgd", "am-sgd"])
+def test_pipelined_runs_with_the_kernel_are_the_waiting_runs(monkeypatch, method, case):
+    opts = dict(CASES[case])
+    if method == "am-sgd":
+        opts |= {"batch_size": 16, "seed": 0, "gtol": 0.0}
+    runs = []
+    for pipelined in (False, True):
+        monkeypatch.setattr(_loop, "_PIPELINE", pipelined)
+        prob = _DeviceLeastSquares()
+        prob.A, prob.b = prob.A.to(DEVICE), prob.b.to(DEVICE)
+        x0 = torch.zeros(20, dtype=torch.float64, device=DEVICE)
+        runs.append(amopt.minimize(prob, x0, method=method, options=opts))
+    want, got = runs
+    assert (got.nit, got.status) == (want.nit, want.status)
+    assert torch.equal(got.x, want.x)
+    np.testing.assert_array_equal(got.betas, want.betas)
+
+
+class _NoLaunch:
+    """A kernel whose launches do nothing: what the rule costs on the host around it."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+class _Launches(TorchDispatchMode):
+    """aten operations that are not views: on a GPU, the kernel launches."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def _launches_per_iteration(method: str) -> float:
+    counts = []
+    for maxiter in (10, 30):
+        prob = _DeviceLeastSquares()
+        with _Launches() as launches:
+            res = amopt.minimize(
+                prob,
+                torch.zeros(20, dtype=torch.float64),
+                method=method,
+                options={"maxiter": maxiter, "gtol": 0.0, "lr": 0.01},
+            )
+        assert res.nit == maxiter
+        counts.append(launches.count)
+    return (counts[1] - counts[0]) / 20
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="counts CPU tensors' operations")
+def test_the_pipelined_rule_is_a_handful_of_launches(monkeypatch):
+    """With the kernel, a pipelined am-mgd iteration launches at most 12 kernels more
+    than mgd's (the target the waiting loop meets with its rule on host floats; the
+    kernel's own launch stubbed here); the rule as tensor operations launches more."""
+    monkeypatch.setattr(_loop, "_PIPELINE", True)
+    mgd = _launches_per_iteration("mgd")
+    monkeypatch.setattr(_torch_rule, "FORCE", False)
+    tensor_ops = _launches_per_iteration("am-mgd")
+    monkeypatch.setattr(_torch_rule, "FORCE", True)
+    monkeypatch.setattr(_torch_rule, "_kernel", lambda *args: _NoLaunch())
+    fused = _launches_per_iteration("am-mgd")
+    assert fused <= mgd + 12 < tensor_ops
+
+
+def test_without_triton_the_rule_runs_as_tensor_operations(monkeypatch):
+    monkeypatch.setattr(_torch_rule, "_has_triton", lambda: False)
+    rows = _rows(np.random.default_rng(1), 5)
+    sums = [torch.tensor(v, dtype=torch.float64) for v in rows.reshape(-1)]
+    config = AMConfig.from_options({})
+    assert _torch_rule.momentum_rule(_rule.momentum_beta, sums, config, 0.1, None) is None
