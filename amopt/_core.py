@@ -20,7 +20,15 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-from amopt import _cupy_apply, _cupy_rule, _numpy_fast, _rule, _tape, _torch_rule
+from amopt import (
+    _cupy_apply,
+    _cupy_rule,
+    _numpy_fast,
+    _rule,
+    _tape,
+    _torch_apply,
+    _torch_rule,
+)
 from amopt._config import AMConfig, config_of_call, rule_keywords
 from amopt._reduce import (
     Array,
@@ -652,7 +660,13 @@ def am_momentum_apply(
         f_next = float(f)
     new_d: list[Array] = list(ds)
     new_x: list[Array] = list(xs)
-    fusable = array_api_compat.is_cupy_array(xs[0])  # one kernel for d and x on CuPy
+    # one kernel for d and x: CuPy's, or Triton's for torch tensors on CUDA with the
+    # device rule's gamma
+    fused_apply = None
+    if array_api_compat.is_cupy_array(xs[0]):
+        fused_apply = _cupy_apply.momentum_apply
+    elif on_device and array_api_compat.is_torch_array(xs[0]) and _torch_rule.applies(xs[0]):
+        fused_apply = _torch_apply.momentum_apply
     for k, scope in enumerate(scopes(len(xs), config.per_layer)):
         for i in scope:
             if on_device:
@@ -662,9 +676,9 @@ def am_momentum_apply(
             # d = g + coef*(d - g) rather than the convex-combination form: exact when d = g.
             # d - g is the sums' own where they were formed in the arrays' dtype.
             fused = None
-            if fusable:
+            if fused_apply is not None:
                 w, with_v = (ds[i], False) if diffs[i] is None else (diffs[i], True)
-                fused = _cupy_apply.momentum_apply(xs[i], gs[i], w, coef, lr, with_v)
+                fused = fused_apply(xs[i], gs[i], w, coef, lr, with_v)
             if fused is None:
                 v = ds[i] - gs[i] if diffs[i] is None else diffs[i]
                 new_d[i] = gs[i] + coef * v

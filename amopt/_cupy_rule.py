@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from amopt import _rule, _tape
+from amopt import _tape
 
 __all__ = ["momentum_rule", "source"]
 
@@ -27,14 +27,7 @@ def source(rule: Any, config: Any, lr: float, exact: bool) -> str | None:
     """The kernel body: ``beta`` and ``gamma`` of scope ``i`` from ``s[3 i + k]`` (the
     three dots) and ``fd[0]`` (the decrease of f, with ``exact``); None where the rule
     cannot be recorded."""
-    tape = _tape.traced(
-        _rule.momentum_beta_of_dots,
-        4 if exact else 3,
-        cfg=config,
-        base=rule,
-        lr=float(lr),
-        exact=exact,
-    )
+    tape = _tape.momentum_of_dots(rule, config, lr, exact)
     if tape is None:
         return None
     inputs = ["s[3 * i]", "s[3 * i + 1]", "s[3 * i + 2]", "fd[0]"]

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from amopt import _rule
+
 __all__ = ["INSN", "OPS", "Tape", "c_source", "trace", "traced", "triton_source", "python_rule"]
 
 #: Operation codes (``amopt/torch/csrc/am_fused_common.h`` has the same table).
@@ -393,6 +395,20 @@ _TRITON_OPS = {
     "minimum": "tl.where(({a} != {a}) | ({a} <= {b}), {a}, {b})",
     "neg": "-{a}",
 }
+
+
+def momentum_of_dots(base: Any, config: Any, lr: float, exact: bool) -> tuple | None:
+    """The tape of :func:`amopt._rule.momentum_beta_of_dots` (``rule`` ``base``): the rule
+    of ``minimize``'s device split, from a scope's three dots (and the decrease of f,
+    with ``exact``) to beta and gamma; None where it cannot be recorded."""
+    return traced(
+        _rule.momentum_beta_of_dots,
+        4 if exact else 3,
+        cfg=config,
+        base=base,
+        lr=float(lr),
+        exact=exact,
+    )
 
 
 def triton_kernel(code: np.ndarray, outputs: np.ndarray, dtype: Any) -> Any:

@@ -21,7 +21,7 @@ import functools
 import warnings
 from typing import Any
 
-from amopt import _rule, _tape
+from amopt import _tape
 
 __all__ = ["applies", "momentum_rule"]
 
@@ -64,14 +64,7 @@ def _kernel(rule: Any, config: Any, lr: float, exact: bool) -> Any:
         return None
     key = (rule, config, float(lr), exact, _interpret())
     if key not in _KERNELS:
-        tape = _tape.traced(
-            _rule.momentum_beta_of_dots,
-            4 if exact else 3,
-            cfg=config,
-            base=rule,
-            lr=float(lr),
-            exact=exact,
-        )
+        tape = _tape.momentum_of_dots(rule, config, lr, exact)
         _KERNELS[key] = None if tape is None else _tape.triton_kernel(*tape, "float64")
     return _KERNELS[key]
 

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 import amopt
-from amopt import _loop, _rule, _torch_rule
+from amopt import _loop, _rule, _torch_apply, _torch_rule
 from amopt._config import AMConfig
 
+from test_cupy_apply import _arrays
 from test_cupy_rule import CONFIGS, _reference, _rows, _same_bits
 from test_minimize_device_syncs import _DeviceLeastSquares
 
@@ -64,6 +66,34 @@ def test_float32_dots_are_widened_first():
     _same_bits(out[1].cpu().numpy(), want_gamma)
 
 
+@pytest.mark.parametrize("with_v", [True, False])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_apply_kernel_is_the_tensor_operations_bit_for_bit(dtype, with_v):
+    x, g, d = (torch.from_numpy(a).to(DEVICE) for a in _arrays(dtype))
+    c = torch.tensor(0.37, dtype=getattr(torch, dtype), device=DEVICE)
+    v = d - g
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the interpreter's NumPy on inf and NaN
+        # a kernel that fails to build is a failure here
+        warnings.filterwarnings("error", message="the AM apply's Triton kernel failed")
+        out = _torch_apply.momentum_apply(x, g, v if with_v else d, c, 0.0731, with_v)
+    assert out is not None
+    want_d = g + c * v  # the tensor operations of _core.am_momentum_apply
+    want_x = x - 0.0731 * want_d
+    _same_bits(out[0].cpu().numpy(), want_d.cpu().numpy())
+    _same_bits(out[1].cpu().numpy(), want_x.cpu().numpy())
+
+
+def test_the_apply_kernel_declines_what_it_does_not_take():
+    x = torch.ones(4, device=DEVICE)
+    c = torch.tensor(0.5, device=DEVICE)
+    assert _torch_apply.momentum_apply(x.half(), x.half(), x.half(), c.half(), 0.1, True) is None
+    assert _torch_apply.momentum_apply(x, x, x, 0.5, 0.1, True) is None  # a host gamma
+    assert _torch_apply.momentum_apply(x, x, x, c.double(), 0.1, True) is None
+    strided = torch.ones(8, device=DEVICE)[::2]
+    assert _torch_apply.momentum_apply(strided, x, x, c, 0.1, True) is None
+
+
 CASES = {
     "gtol": {"maxiter": 400, "gtol": 1e-4, "lr": 0.05},
     "exact-decay": {"maxiter": 60, "lr": 0.05, "weight_decay": 0.1, "numerator": "exact"},
@@ -90,11 +120,42 @@ def test_pipelined_runs_with_the_kernel_are_the_waiting_runs(monkeypatch, method
     np.testing.assert_array_equal(got.betas, want.betas)
 
 
-class _NoLaunch:
-    """A kernel whose launches do nothing: what the rule costs on the host around it."""
+class _Grid:
+    """A kernel whose launches run ``run`` with the dispatch modes off (its arithmetic is
+    not the host's work) and count one launch each."""
+
+    def __init__(self, run, launches: list):
+        self.run, self.launches = run, launches
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+        def launch(*args, **kwargs):
+            with _disable_current_modes():
+                self.run(*args, **kwargs)
+            self.launches.append(self.run.__name__)
+
+        return launch
+
+
+def _stub_kernels(monkeypatch, launches: list) -> None:
+    """The rule and apply kernels replaced by their tensor operations, run unseen."""
+
+    def rule_kernel(rule, config, lr, exact):
+        def rule(s, out, n, K, OUT, BLOCK, **options):  # noqa: N803
+            beta, gamma = _rule.momentum_beta_of_dots(
+                torch, s[:, :3], config, base=_rule.momentum_beta, lr=lr, exact=exact,
+                f_decrease=s[0, 3] if exact else None,
+            )  # fmt: skip
+            out[0].copy_(beta.reshape(-1))
+            out[1].copy_(gamma.reshape(-1))
+
+        return _Grid(rule, launches)
+
+    def apply(x, g, w, c, dn, xn, n, lr, WITH_V, BLOCK, **options):  # noqa: N803
+        dn.copy_(g + c * (w if WITH_V else w - g))
+        xn.copy_(x - lr * dn)
+
+    monkeypatch.setattr(_torch_rule, "_kernel", rule_kernel)
+    monkeypatch.setattr(_torch_apply, "_jitted", lambda interpret: _Grid(apply, launches))
 
 
 class _Launches(TorchDispatchMode):
@@ -109,10 +170,11 @@ class _Launches(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _launches_per_iteration(method: str) -> float:
+def _launches_per_iteration(method: str, triton_launches: list) -> float:
     counts = []
     for maxiter in (10, 30):
         prob = _DeviceLeastSquares()
+        before = len(triton_launches)
         with _Launches() as launches:
             res = amopt.minimize(
                 prob,
@@ -121,22 +183,24 @@ def _launches_per_iteration(method: str) -> float:
                 options={"maxiter": maxiter, "gtol": 0.0, "lr": 0.01},
             )
         assert res.nit == maxiter
-        counts.append(launches.count)
+        counts.append(launches.count + len(triton_launches) - before)
     return (counts[1] - counts[0]) / 20
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="counts CPU tensors' operations")
-def test_the_pipelined_rule_is_a_handful_of_launches(monkeypatch):
-    """With the kernel, a pipelined am-mgd iteration launches at most 12 kernels more
-    than mgd's (the target the waiting loop meets with its rule on host floats; the
-    kernel's own launch stubbed here); the rule as tensor operations launches more."""
+def test_the_pipelined_step_is_a_handful_of_launches(monkeypatch):
+    """With the two kernels, a pipelined am-mgd iteration launches at most 12 kernels
+    more than mgd's (the target the waiting loop meets with its rule on host floats);
+    with the rule and apply as tensor operations it launches more."""
     monkeypatch.setattr(_loop, "_PIPELINE", True)
-    mgd = _launches_per_iteration("mgd")
+    triton_launches: list = []
+    mgd = _launches_per_iteration("mgd", triton_launches)
     monkeypatch.setattr(_torch_rule, "FORCE", False)
-    tensor_ops = _launches_per_iteration("am-mgd")
+    tensor_ops = _launches_per_iteration("am-mgd", triton_launches)
     monkeypatch.setattr(_torch_rule, "FORCE", True)
-    monkeypatch.setattr(_torch_rule, "_kernel", lambda *args: _NoLaunch())
-    fused = _launches_per_iteration("am-mgd")
+    _stub_kernels(monkeypatch, triton_launches)
+    fused = _launches_per_iteration("am-mgd", triton_launches)
+    assert triton_launches.count("rule") == triton_launches.count("apply") > 0
     assert fused <= mgd + 12 < tensor_ops
 
 
