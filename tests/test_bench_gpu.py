@@ -38,6 +38,7 @@ GPU_KEYS = [
     "gpu-gpt2-train",
     "gpu-quad-mgd",
     "gpu-quad-am-mgd",
+    "gpu-quad-am-mgd-torch",
     "gpu-libsvm",
     "gpu-am-sgd-256",
     "gpu-am-sgd-4096",
@@ -59,7 +60,7 @@ def test_gpu_rows_and_targets():
     assert targets["gpu-fsdp2"] == 1.5 and targets["gpu-gpt2-train"] == 1.005
     assert targets["gpu-quad-mgd"] == 1.1 and targets["gpu-quad-am-mgd"] == 1.3
     assert targets["gpu-libsvm"] == targets["gpu-am-sgd-256"] == 1.0
-    assert targets["gpu-am-sgd-256-hand"] is None
+    assert targets["gpu-am-sgd-256-hand"] is None and targets["gpu-quad-am-mgd-torch"] is None
     keys = [r.key for r in (*_cli.ROWS, *_cli.EXTRA_ROWS, *_cli.GPU_ROWS)]
     assert len(keys) == len(set(keys))
 

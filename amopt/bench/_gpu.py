@@ -33,6 +33,8 @@ limit. Rows, AM side / baseline (target):
 * ``gpu-quad-mgd``, ``gpu-quad-am-mgd``: ``minimize(method="mgd" / "am-mgd")`` per
   iteration on a 10^7 float64 CuPy quadratic against a hand-written CuPy heavy-ball
   loop that reads f to the host once per iteration (<= 1.1, <= 1.3);
+  ``gpu-quad-am-mgd-torch`` (informational): the am-mgd row on torch CUDA tensors
+  against the same loop in torch;
 * ``gpu-libsvm``: ``minimize(method="am-mgd")`` per iteration on a9a logistic
   regression (a SciPy sparse design) from a CuPy ``x0`` against a NumPy ``x0``
   (<= 1.0: faster on the GPU; the file from ``--data-dir``, as the ``minimize-a9a``
@@ -511,7 +513,8 @@ def _sync_cupy() -> None:
 
 
 class HandHeavyBall:
-    """The heavy-ball loop a user writes in CuPy, checking f on the host once per iteration.
+    """The heavy-ball loop a user writes in CuPy (or torch), checking f on the host once per
+    iteration.
 
     ``d = g`` at the first step, then ``d = beta d + (1 - beta) g`` and
     ``x = x - lr d`` (the iterates of ``minimize(method="mgd")``); each iteration
@@ -530,7 +533,7 @@ class HandHeavyBall:
         self.vg, self.x0, self.lr, self.beta, self.sync = value_and_grad, x0, lr, beta, sync
 
     def run(self, iterations: int) -> Any:
-        x, d = self.x0.copy(), None
+        x, d = (self.x0.clone() if hasattr(self.x0, "clone") else self.x0.copy()), None
         for _ in range(iterations):
             f, g = self.vg(x)
             if not math.isfinite(float(f)):
@@ -586,26 +589,33 @@ class HandMiniBatch:
         return x
 
 
-def _quad_minimize(method: str) -> Callable[[Settings], Measured]:
+def _quad_minimize(method: str, library: str = "cupy") -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
-        cupy = require_cupy()
         import amopt
 
         n, k = (10_000, 10) if s.quick else (10_000_000, 50)
-        h = cupy.asarray(np.geomspace(1e-3, 1.0, n))
+        if library == "torch":
+            torch = require_cuda()
+            h = torch.from_numpy(np.geomspace(1e-3, 1.0, n)).cuda()
+            x0 = torch.ones(n, dtype=torch.float64, device="cuda")
+            sync, where = torch.cuda.synchronize, f"torch {torch.__version__} CUDA tensors"
+            where += f" on {torch.cuda.get_device_name()}"
+        else:
+            cupy = require_cupy()
+            h = cupy.asarray(np.geomspace(1e-3, 1.0, n))
+            x0, sync, where = cupy.ones(n), _sync_cupy, _cupy_device(cupy)
 
         def value_and_grad(x: Any) -> tuple[Any, Any]:
             hx = h * x
             return 0.5 * (hx * x).sum(), hx
 
-        x0 = cupy.ones(n)
-        hand = HandHeavyBall(value_and_grad, x0, lr=1.0, sync=_sync_cupy)
+        hand = HandHeavyBall(value_and_grad, x0, lr=1.0, sync=sync)
 
         def ours() -> None:
             res = amopt.minimize(
                 value_and_grad, x0, jac=True, method=method, options={"lr": 1.0, "maxiter": k}
             )
-            _sync_cupy()
+            sync()
             if int(res.nit) != k:
                 raise RuntimeError(f"minimize({method!r}) stopped after {res.nit} iterations")
 
@@ -616,8 +626,8 @@ def _quad_minimize(method: str) -> Callable[[Settings], Measured]:
             p,
             scale=1e3 / k,
             unit="ms/it",
-            note=f"n = {n:,} float64 on CuPy, {k} iterations per sample, f returned as a "
-            f"0-d device array; {_cupy_device(cupy)}; {len(p.a)} pairs",
+            note=f"n = {n:,} float64, {k} iterations per sample, f returned as a 0-d device "
+            f"array; {where}; {len(p.a)} pairs",
         )
 
     return measure
@@ -918,6 +928,15 @@ ROWS: tuple[Row, ...] = (
         "hand CuPy loop",
         1.3,
         _quad_minimize("am-mgd"),
+    ),
+    Row(
+        "gpu-quad-am-mgd-torch",
+        "minimize(method='am-mgd') per iteration / hand-written heavy-ball loop reading f once "
+        "per iteration, both on torch CUDA tensors, 10^7 float64 quadratic",
+        "minimize am-mgd",
+        "hand torch loop",
+        None,
+        _quad_minimize("am-mgd", "torch"),
     ),
     Row(
         "gpu-libsvm",
