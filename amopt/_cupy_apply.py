@@ -21,8 +21,9 @@ per process) are left to the array operations.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
+
+from amopt._fallback import kernel_failed
 
 __all__ = ["momentum_apply", "source"]
 
@@ -41,7 +42,6 @@ def source(dtype: str, with_v: bool) -> str:
 
 #: kernels by (dtype name, with_v); None where none could be made
 _KERNELS: dict[tuple[str, bool], Any] = {}
-_WARNED: list[bool] = []
 
 
 def _kernel(dtype: str, with_v: bool) -> Any:
@@ -75,12 +75,7 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
         return _kernel(dtype, with_v)(x, g, w, coef, lr)
     except Exception as exc:  # noqa: BLE001 - a kernel CuPy cannot build or run
         _KERNELS[key] = None
-        if not _WARNED:
-            _WARNED.append(True)
-            warnings.warn(
-                f"the AM apply's fused CuPy kernel failed ({type(exc).__name__}: {exc}); "
-                "the apply runs as array operations",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        kernel_failed(
+            "the AM apply's fused CuPy kernel", exc, "the apply runs as array operations"
+        )
         return None

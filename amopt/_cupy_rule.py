@@ -15,10 +15,10 @@ the array operations (the latter with one warning per process).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from amopt import _tape
+from amopt._fallback import kernel_failed
 
 __all__ = ["momentum_rule", "source"]
 
@@ -36,7 +36,6 @@ def source(rule: Any, config: Any, lr: float, exact: bool) -> str | None:
 
 #: kernels by (rule, config, lr, exact); None where none could be made
 _KERNELS: dict[tuple, Any] = {}
-_WARNED: list[bool] = []
 
 
 def _kernel(rule: Any, config: Any, lr: float, exact: bool) -> Any:
@@ -76,12 +75,5 @@ def momentum_rule(
         return kernel(*args, size=len(sums) // 3)
     except Exception as exc:  # noqa: BLE001 - a kernel CuPy cannot build or run
         _KERNELS[(rule, config, float(lr), exact)] = None
-        if not _WARNED:
-            _WARNED.append(True)
-            warnings.warn(
-                f"the AM rule's fused CuPy kernel failed ({type(exc).__name__}: {exc}); "
-                "the rule runs as array operations",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        kernel_failed("the AM rule's fused CuPy kernel", exc, "the rule runs as array operations")
         return None

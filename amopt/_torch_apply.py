@@ -18,10 +18,10 @@ build (one warning per process), keeps the tensor operations.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 from amopt import _torch_rule
+from amopt._fallback import kernel_failed
 
 __all__ = ["momentum_apply"]
 
@@ -102,10 +102,5 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
         return dn, xn
     except Exception as exc:  # noqa: BLE001 - a kernel Triton cannot build or run here
         _FAILED.append(True)
-        warnings.warn(
-            f"the AM apply's Triton kernel failed ({type(exc).__name__}: {exc}); the apply "
-            "runs as tensor operations",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        kernel_failed("the AM apply's Triton kernel", exc, "the apply runs as tensor operations")
         return None

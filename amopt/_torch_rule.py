@@ -18,10 +18,10 @@ one warning per process).
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 from amopt import _tape
+from amopt._fallback import kernel_failed
 
 __all__ = ["applies", "momentum_rule"]
 
@@ -32,7 +32,6 @@ FORCE = False
 
 #: kernels by (rule, config, lr, exact, interpreted); None where none could be made
 _KERNELS: dict[tuple, Any] = {}
-_WARNED: list[bool] = []
 
 
 def _interpret() -> bool:
@@ -95,12 +94,5 @@ def momentum_rule(
         return out[0], out[1]
     except Exception as exc:  # noqa: BLE001 - a kernel Triton cannot build or run here
         _KERNELS[(rule, config, float(lr), exact, _interpret())] = None
-        if not _WARNED:
-            _WARNED.append(True)
-            warnings.warn(
-                f"the AM rule's Triton kernel failed ({type(exc).__name__}: {exc}); the "
-                "rule runs as tensor operations",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        kernel_failed("the AM rule's Triton kernel", exc, "the rule runs as tensor operations")
         return None

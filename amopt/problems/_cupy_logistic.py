@@ -25,8 +25,9 @@ kernel CuPy cannot build (one warning per process).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
+
+from .._fallback import kernel_failed
 
 __all__ = ["loss_and_residual", "source"]
 
@@ -47,7 +48,6 @@ def source(dtype: str) -> str:
 
 #: kernels by dtype name; None where none could be made
 _KERNELS: dict[str, Any] = {}
-_WARNED: list[bool] = []
 
 
 def _kernel(dtype: str) -> Any:
@@ -73,12 +73,5 @@ def loss_and_residual(t: Any, z: Any) -> Any:
         return _kernel(dtype)(t, z)
     except Exception as exc:  # noqa: BLE001 - a kernel CuPy cannot build or run
         _KERNELS[dtype] = None
-        if not _WARNED:
-            _WARNED.append(True)
-            warnings.warn(
-                f"the logistic loss's fused CuPy kernel failed ({type(exc).__name__}: "
-                f"{exc}); it runs as array operations",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        kernel_failed("the logistic loss's fused CuPy kernel", exc, "it runs as array operations")
         return None
