@@ -617,6 +617,11 @@ def am_momentum_apply(
     host value of the objective) or those arrays themselves (the rule then runs on the
     device, in float64, on the same values; ``f`` a 0-d array there). Returns what
     :func:`am_momentum_step` returns, with host betas or 0-d device betas.
+
+    On CuPy arrays, and on torch CUDA tensors with the rule on the device, the rule and
+    the apply each run as one generated kernel (:mod:`amopt._cupy_rule`,
+    :mod:`amopt._cupy_apply`, :mod:`amopt._torch_rule`, :mod:`amopt._torch_apply`) with
+    the values of the array operations below, bit for bit.
     """
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
