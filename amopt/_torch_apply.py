@@ -9,10 +9,12 @@ into multiply-adds, every operation rounds once in the tensors' dtype, as torch'
 operations do (the step size rounded to that dtype first, as torch rounds a Python
 scalar): their values bit for bit.
 
-Contiguous float32 and float64 tensors of one dtype on CUDA (CPU tensors under
-``TRITON_INTERPRET=1`` when :data:`amopt._torch_rule.FORCE` asks), with ``gamma`` a
-0-d tensor of that dtype (the device rule's); anything else, or a kernel Triton cannot
-build (one warning per process), keeps the tensor operations.
+Contiguous float64 tensors on CUDA (CPU tensors under ``TRITON_INTERPRET=1`` when
+:data:`amopt._torch_rule.FORCE` asks), with ``gamma`` a 0-d float64 tensor (the device
+rule's). float32 keeps the tensor operations: Triton may compile float32 arithmetic to
+instructions that flush subnormal values to zero, which torch's kernels keep (float64
+has no such mode). Anything else, or a kernel Triton cannot build (one warning per
+process), keeps the tensor operations too.
 """
 
 from __future__ import annotations
@@ -76,12 +78,12 @@ _FAILED: list[bool] = []
 
 
 def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -> Any:
-    """``(d_new, x_new)`` of torch tensors ``x``, ``g`` and ``w`` (``v = d - g`` with
-    ``with_v``, else ``d``), ``coef`` a 0-d tensor of their dtype; None where the apply
-    is left to the tensor operations."""
+    """``(d_new, x_new)`` of float64 torch tensors ``x``, ``g`` and ``w`` (``v = d - g``
+    with ``with_v``, else ``d``), ``coef`` a 0-d float64 tensor; None where the apply is
+    left to the tensor operations."""
     import torch
 
-    if _FAILED or x.dtype not in (torch.float32, torch.float64):
+    if _FAILED or x.dtype != torch.float64:
         return None
     if g.dtype != x.dtype or w.dtype != x.dtype or not isinstance(coef, torch.Tensor):
         return None

@@ -67,7 +67,7 @@ def test_float32_dots_are_widened_first():
 
 
 @pytest.mark.parametrize("with_v", [True, False])
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", ["float64"])
 def test_the_apply_kernel_is_the_tensor_operations_bit_for_bit(dtype, with_v):
     x, g, d = (torch.from_numpy(a).to(DEVICE) for a in _arrays(dtype))
     c = torch.tensor(0.37, dtype=getattr(torch, dtype), device=DEVICE)
@@ -85,12 +85,14 @@ def test_the_apply_kernel_is_the_tensor_operations_bit_for_bit(dtype, with_v):
 
 
 def test_the_apply_kernel_declines_what_it_does_not_take():
-    x = torch.ones(4, device=DEVICE)
-    c = torch.tensor(0.5, device=DEVICE)
-    assert _torch_apply.momentum_apply(x.half(), x.half(), x.half(), c.half(), 0.1, True) is None
+    x = torch.ones(4, dtype=torch.float64, device=DEVICE)
+    c = torch.tensor(0.5, dtype=torch.float64, device=DEVICE)
+    assert _torch_apply.momentum_apply(x, x, x, c, 0.1, True) is not None
+    f = x.float()  # float32: Triton may flush its subnormals, torch keeps them
+    assert _torch_apply.momentum_apply(f, f, f, c.float(), 0.1, True) is None
     assert _torch_apply.momentum_apply(x, x, x, 0.5, 0.1, True) is None  # a host gamma
-    assert _torch_apply.momentum_apply(x, x, x, c.double(), 0.1, True) is None
-    strided = torch.ones(8, device=DEVICE)[::2]
+    assert _torch_apply.momentum_apply(x, x, x, c.float(), 0.1, True) is None
+    strided = torch.ones(8, dtype=torch.float64, device=DEVICE)[::2]
     assert _torch_apply.momentum_apply(strided, x, x, c, 0.1, True) is None
 
 
