@@ -315,6 +315,20 @@ def python_rule(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Callabl
     return None if items is None else _python_cached(rule, n_sums, items)
 
 
+def momentum_of_dots(base: Any, config: Any, lr: float, exact: bool) -> tuple | None:
+    """The tape of :func:`amopt._rule.momentum_beta_of_dots` (``rule`` ``base``): the rule
+    of ``minimize``'s device split, from a scope's three dots (and the decrease of f,
+    with ``exact``) to beta and gamma; None where it cannot be recorded."""
+    return traced(
+        _rule.momentum_beta_of_dots,
+        4 if exact else 3,
+        cfg=config,
+        base=base,
+        lr=float(lr),
+        exact=exact,
+    )
+
+
 # --------------------------------------------------------------------------- C
 
 #: One C expression per operation on doubles, for a device compiler (CuPy's NVRTC).
@@ -395,20 +409,6 @@ _TRITON_OPS = {
     "minimum": "tl.where(({a} != {a}) | ({a} <= {b}), {a}, {b})",
     "neg": "-{a}",
 }
-
-
-def momentum_of_dots(base: Any, config: Any, lr: float, exact: bool) -> tuple | None:
-    """The tape of :func:`amopt._rule.momentum_beta_of_dots` (``rule`` ``base``): the rule
-    of ``minimize``'s device split, from a scope's three dots (and the decrease of f,
-    with ``exact``) to beta and gamma; None where it cannot be recorded."""
-    return traced(
-        _rule.momentum_beta_of_dots,
-        4 if exact else 3,
-        cfg=config,
-        base=base,
-        lr=float(lr),
-        exact=exact,
-    )
 
 
 def triton_kernel(code: np.ndarray, outputs: np.ndarray, dtype: Any) -> Any:

@@ -5,9 +5,8 @@ The counterpart of :mod:`amopt._cupy_apply` for torch: in the pipelined loop of
 :math:`x_{t+1} = x_t - \\eta\\, d_{t+1}` in one launch that reads :math:`x`, :math:`g`
 and :math:`v = d - g` (or :math:`d`) and writes the new :math:`d` and :math:`x` (five
 passes over memory where the tensor operations make ten). Compiled without contraction
-into multiply-adds, every operation rounds once in the tensors' dtype, as torch's
-operations do (the step size rounded to that dtype first, as torch rounds a Python
-scalar): their values bit for bit.
+into multiply-adds, every operation rounds once in float64, as torch's operations do:
+their values bit for bit.
 
 Contiguous float64 tensors on CUDA (CPU tensors under ``TRITON_INTERPRET=1`` when
 :data:`amopt._torch_rule.FORCE` asks), with ``gamma`` a 0-d float64 tensor (the device
@@ -52,8 +51,6 @@ def _apply(
     g = tl.load(g_ptr + offs, mask=m)
     w = tl.load(w_ptr + offs, mask=m)
     c = tl.load(c_ptr)
-    # the step size rounded to the tensors' dtype first, as torch rounds a Python scalar
-    lr = tl.full((), lr, tl.float64).to(x.dtype)
     if WITH_V:
         v = w
     else:

@@ -25,7 +25,7 @@ from amopt._fallback import kernel_failed
 
 __all__ = ["applies", "momentum_rule"]
 
-#: scopes per program of the kernel
+#: scopes per program of a rule kernel
 BLOCK = 128
 #: run on CPU tensors too (the tests, with ``TRITON_INTERPRET=1``)
 FORCE = False
@@ -42,6 +42,27 @@ def _interpret() -> bool:
 
         return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
     return bool(knobs.runtime.interpret)
+
+
+def rule_options(interpret: bool) -> dict[str, Any]:
+    """Launch options of a rule kernel: no contraction into multiply-adds."""
+    return {} if interpret else {"num_warps": 1, "enable_fp_fusion": False}
+
+
+def run_rule(kernel: Any, sums: Any, n_out: int, out: Any, interpret: bool) -> Any:
+    """``(n_out, n_scopes)`` outputs, of torch dtype ``out``, of a rule kernel
+    (:func:`amopt._tape.triton_kernel`) on the ``(n_scopes, K)`` sums of every scope:
+    the launcher of this module's kernel and of the optimizers' Triton drivers."""
+    import torch
+    import triton.language as tl
+
+    n = sums.shape[0]
+    result = torch.empty((n_out, n), dtype=out, device=sums.device)
+    out_tl = {torch.float64: tl.float64, torch.float32: tl.float32}[out]
+    kernel[((n + BLOCK - 1) // BLOCK,)](
+        sums, result, n, K=sums.shape[1], OUT=out_tl, BLOCK=BLOCK, **rule_options(interpret)
+    )
+    return result
 
 
 def applies(t: Any) -> bool:
@@ -85,12 +106,7 @@ def momentum_rule(
         s = torch.stack(sums).to(torch.float64).view(n, 3)
         if exact:  # the decrease of f as every scope's fourth input
             s = torch.cat([s, f_decrease.reshape(1, 1).expand(n, 1)], 1)
-        out = torch.empty((2, n), dtype=torch.float64, device=s.device)
-        import triton.language as tl
-
-        options = {} if _interpret() else {"num_warps": 1, "enable_fp_fusion": False}
-        grid = ((n + BLOCK - 1) // BLOCK,)
-        kernel[grid](s, out, n, K=s.shape[1], OUT=tl.float64, BLOCK=BLOCK, **options)
+        out = run_rule(kernel, s, 2, torch.float64, _interpret())
         return out[0], out[1]
     except Exception as exc:  # noqa: BLE001 - a kernel Triton cannot build or run here
         _KERNELS[(rule, config, float(lr), exact, _interpret())] = None

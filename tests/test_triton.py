@@ -27,7 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")  # the only reason to skip: CI installs triton
 
-from amopt import _rule  # noqa: E402
+from amopt import _rule, _torch_rule  # noqa: E402
 from amopt._config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
@@ -764,7 +764,7 @@ def test_the_rule_kernel_is_the_rule_bit_for_bit(name, dtype, options):
     kernel = tri._kernels(INTERPRET)["rule"](rule, config, dtype)
     assert kernel is not None
     n_out = 2 if name == "momentum_beta" else 1
-    out = tri._run_rule(kernel, sums, n_out, dtype, INTERPRET)
+    out = _torch_rule.run_rule(kernel, sums, n_out, dtype, INTERPRET)
     want = rule(torch, sums, config)
     want = want if isinstance(want, tuple) else (want,)
     for got, expected in zip(out, want, strict=True):

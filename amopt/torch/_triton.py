@@ -61,7 +61,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-import os
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -70,7 +69,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from amopt import _rule, _tape
+from amopt import _rule, _tape, _torch_rule
 from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
 from amopt.torch._records import (
     NO_SCALER,
@@ -99,8 +98,6 @@ NUM_WARPS = 4
 #: Rows of partial sums read per iteration of the segment sum.
 SEGMENT_ROWS = 128
 _K = 3  # sums per scope, for both rules
-#: Scopes per program of the rule kernel (:func:`_rule_kernel`).
-RULE_BLOCK = 128
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SGD_COLUMNS = 6  # x, g, d addresses, numel, scope, tensor index
@@ -130,11 +127,7 @@ def _interpret() -> bool:
     """
     if _triton_import_error() is not None:
         return False
-    try:
-        from triton import knobs
-    except ImportError:  # pragma: no cover - Triton before knobs: the variable itself
-        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-    return bool(knobs.runtime.interpret)
+    return _torch_rule._interpret()
 
 
 def available(tensors: Iterable[Tensor]) -> str | None:
@@ -600,11 +593,6 @@ def _make_rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret
     return _RULE_KERNELS[key]
 
 
-def _rule_options(interpret: bool) -> dict[str, Any]:
-    """Launch options of the rule kernel: no contraction into multiply-adds."""
-    return {} if interpret else {"num_warps": 1, "enable_fp_fusion": False}
-
-
 def _fused_rule(
     make: Any,
     rule: Any,
@@ -621,7 +609,9 @@ def _fused_rule(
         return None
     try:
         kernel = make(rule, config, sums.dtype)
-        return None if kernel is None else _run_rule(kernel, sums, n_out, out, interpret)
+        if kernel is None:
+            return None
+        return _torch_rule.run_rule(kernel, sums, n_out, out, interpret)
     except Exception as exc:  # noqa: BLE001 - a compiler that rejects the generated kernel
         _RULE_BY_KEY[(rule, config, sums.dtype, interpret)] = None
         warnings.warn(
@@ -631,16 +621,6 @@ def _fused_rule(
             stacklevel=3,
         )
         return None
-
-
-def _run_rule(kernel: Any, sums: Tensor, n_out: int, out: torch.dtype, interpret: bool) -> Tensor:
-    """``(n_out, n_scopes)`` outputs of a rule kernel on the sums of every scope."""
-    n = sums.shape[0]
-    result = torch.empty((n_out, n), dtype=out, device=sums.device)
-    kernel[((n + RULE_BLOCK - 1) // RULE_BLOCK,)](
-        sums, result, n, K=_K, OUT=_tl_dtypes()[out], BLOCK=RULE_BLOCK, **_rule_options(interpret)
-    )
-    return result
 
 
 @functools.cache
