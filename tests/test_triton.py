@@ -786,6 +786,8 @@ def test_a_rule_kernel_that_fails_leaves_the_rule_to_tensor_operations(monkeypat
     kernels = dict(tri._kernels(INTERPRET))
     kernels["rule"] = broken
     monkeypatch.setattr(tri, "_kernels", lambda interpret: kernels)
+    # the rule's failure is remembered for the process: here, for this test only
+    monkeypatch.setattr(tri, "_RULE_BY_KEY", {})
     got = TritonSGD(xs, per_layer=False)
     with pytest.warns(RuntimeWarning, match="rule's Triton kernel failed"):
         got.step(g1)
