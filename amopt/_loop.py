@@ -489,9 +489,6 @@ class _DeviceSampler:
     def __init__(self, sampler: _Sampler, xp: Any, like: Any, steps: int):
         self.sampler, self.xp, self.like, self.left = sampler, xp, like, steps
         self.block: Any = None
-        # the host buffers of copies that may still be in flight (a pipelined loop waits
-        # for the device one step behind, so a copy can outlive the block it filled)
-        self.keep: list = []
         self.pos = self.size = 0
 
     def __call__(self) -> Any:
@@ -502,8 +499,7 @@ class _DeviceSampler:
                 host = np.concatenate([s() for _ in range(k)])
             else:
                 host = s.rng.permutation(s.n)
-            self.block, keep = to_device(self.xp, host, self.like)
-            self.keep = [k for k in self.keep if not k.done] + ([] if keep is None else [keep])
+            self.block = to_device(self.xp, host, self.like)
             self.pos, self.size = 0, host.size
         idx = self.block[self.pos : min(self.pos + s.batch_size, self.size)]
         self.pos += s.batch_size

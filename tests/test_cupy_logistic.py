@@ -26,7 +26,7 @@ LIBM = ctypes.util.find_library("m")
 
 _PRELUDE = """
 #include <cmath>
-using std::exp; using std::log1p; using std::fmax; using std::fabs;
+using std::exp; using std::log; using std::log1p; using std::fmax; using std::fabs;
 #define DEF(T, p) \\
     static inline T __##p##add_rn(T a, T b) { return a + b; } \\
     static inline T __##p##sub_rn(T a, T b) { return a - b; } \\
@@ -75,21 +75,27 @@ def compiled(tmp_path_factory):
 
 def _reference(dtype: str, t: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The array operations value by value: products and differences in ``dtype``,
-    ``exp`` and ``log1p`` from the C math library, CuPy's ``logaddexp`` expression."""
+    ``exp``, ``log1p`` and ``log`` from the C math library, CuPy's ``logaddexp`` (its
+    branch for equal inputs included)."""
     libm = ctypes.CDLL(LIBM)
     ct = ctypes.c_double if dtype == "float64" else ctypes.c_float
     suffix = "" if dtype == "float64" else "f"
     exp, log1p = getattr(libm, "exp" + suffix), getattr(libm, "log1p" + suffix)
     for fn in (exp, log1p):
         fn.argtypes, fn.restype = [ct], ct
+    libm.log.argtypes, libm.log.restype = [ctypes.c_double], ctypes.c_double
+    log2 = libm.log(2.0)
     T = np.dtype(dtype).type
     zero = T(0)
     losses, ss = [], []
     with np.errstate(all="ignore"):
         for ti, zi in zip(t, z, strict=True):
             nm = -(ti * zi)
-            big = zero if np.isnan(nm) else max(zero, nm)  # C's fmax: NaN loses
-            loss = T(big + T(log1p(T(exp(T(-abs(zero - nm)))))))
+            if zero == nm:  # CuPy's logaddexp of equal inputs: in0 + log(2.0), in double
+                loss = T(float(zero) + log2)
+            else:
+                big = zero if np.isnan(nm) else max(zero, nm)  # C's fmax: NaN loses
+                loss = T(big + T(log1p(T(exp(T(-abs(zero - nm)))))))
             losses.append(loss)
             ss.append(T(ti * T(exp(T(nm - loss)))))
     return np.array(losses, dtype=dtype), np.array(ss, dtype=dtype)

@@ -215,46 +215,6 @@ def test_the_host_waits_one_step_behind_the_device_on_mini_batches(monkeypatch):
     assert waits == [1] + [min(t + 2, maxiter) for t in range(1, maxiter + 1)] + [maxiter]
 
 
-def test_index_buffers_are_held_until_their_copy_has_run(monkeypatch):
-    """A host buffer whose copy to the device may still be in flight (CuPy's pinned
-    memory, which its pool would hand out again) is held until its copy is done, even
-    when the pipelined loop has moved on to the next block of indices."""
-    copies = []
-
-    class Copy:
-        def __init__(self):
-            self.done = False
-            copies.append(self)
-
-    held = []
-
-    def to_device(xp, a, like):
-        if copies:
-            copies[-1].done = len(copies) % 2 == 0  # every other copy has completed
-        return torch.as_tensor(a), Copy()
-
-    real_call = _loop._DeviceSampler.__call__
-
-    def call(self):
-        out = real_call(self)
-        held.append(list(self.keep))
-        return out
-
-    monkeypatch.setattr(_loop, "to_device", to_device)
-    monkeypatch.setattr(_loop._DeviceSampler, "__call__", call)
-    monkeypatch.setattr(_loop, "_PIPELINE", True)
-    opts = {"lr": 0.01, "maxiter": 30, "batch_size": 20, "seed": 0}
-    prob = _DeviceLeastSquares(n=100)
-    res = amopt.minimize(prob, torch.zeros(20, dtype=torch.float64), method="am-sgd", options=opts)
-    assert res.nit == 30 and len(copies) == 6  # 5 steps per epoch of 100 samples
-    for keep in held:
-        # every copy not done is held; a done one only while no newer block was drawn
-        assert [c for c in copies[: copies.index(keep[-1]) + 1] if not c.done] == [
-            c for c in keep if not c.done
-        ]
-        assert all(not c.done for c in keep[:-1])
-
-
 @pytest.mark.parametrize("with_callback", [False, True])
 def test_the_host_waits_one_step_behind_the_device(monkeypatch, with_callback):
     """At the wait for iterate t's values the evaluation at t + 1 is already queued

@@ -16,6 +16,14 @@ work overlaps the device's instead of adding to it.
 
 :func:`to_device` moves the sampler's host index arrays (one per epoch) to the
 device without waiting for the device's queue where the library allows it.
+
+Both copies go through page-locked host buffers. torch's caching host allocator records
+an event for each asynchronous copy and does not hand a buffer out again before it has
+passed; CuPy's pinned memory pool hands a freed buffer out at once, whatever copies are
+still queued on it (and ``cupy.asarray`` of a NumPy array stages through that pool), so
+the CuPy buffers are held here (:func:`_hold`) until their copy's event has passed: a
+read that a loop drops unread (a run that stops before waiting for its last read) would
+otherwise land in memory already given to another copy.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import numpy as np
 
 from amopt.backends import to_numpy
 
-__all__ = ["Copying", "Pending", "asynchronous", "is_device", "read", "start_read", "to_device"]
+__all__ = ["Pending", "asynchronous", "is_device", "read", "start_read", "to_device"]
 
 
 def is_device(arrays: Any) -> bool:
@@ -126,6 +134,7 @@ def start_read(xp: Any, values: list) -> Pending:
         except TypeError:  # CuPy < 13 copies synchronously only: read when waited for
             return Pending(values, packed, None, None)
         event = stream.record()
+    _hold(pinned, event)
     return Pending(values, packed, host, event, pinned)
 
 
@@ -140,10 +149,8 @@ def read(xp: Any, values: list) -> list[float]:
 
 
 class Copying:
-    """A host buffer that an asynchronous copy to the device reads, kept alive for it.
-
-    :attr:`done` is True once the copy has completed (the buffer may then be freed).
-    """
+    """A CuPy page-locked host buffer that an asynchronous copy reads or writes, kept
+    alive for it; :attr:`done` is True once the copy has run (the buffer may then go)."""
 
     __slots__ = ("_buffer", "_event")
 
@@ -155,21 +162,30 @@ class Copying:
         return bool(self._event.done)
 
 
-def to_device(xp: Any, a: np.ndarray, like: Any) -> tuple[Any, Copying | None]:
+#: the CuPy pinned buffers whose copies may still be queued (see the module's docstring)
+_IN_FLIGHT: list[Copying] = []
+
+
+def _hold(buffer: Any, event: Any) -> None:
+    """Keep ``buffer`` alive until ``event`` (recorded after its copy) has passed, and let
+    go of the buffers held so far whose copies are done."""
+    _IN_FLIGHT[:] = [c for c in _IN_FLIGHT if not c.done]
+    _IN_FLIGHT.append(Copying(buffer, event))
+
+
+def to_device(xp: Any, a: np.ndarray, like: Any) -> Any:
     """``a`` (host indices) as an array of ``xp`` on the device of ``like``.
 
     A copy from pageable host memory waits for the device's queue to drain; from
     pinned memory it is queued behind the work already submitted instead (torch and
-    CuPy on CUDA). Returns the array and, where the library does not keep the host
-    buffer alive until the copy has run (CuPy's pinned memory pool), a
-    :class:`Copying` that the caller holds until it is ``done``.
+    CuPy on CUDA).
     """
     device = array_api_compat.device(like)
     if array_api_compat.is_torch_array(like) and getattr(device, "type", None) == "cuda":
         import torch
 
         host = torch.from_numpy(np.ascontiguousarray(a)).pin_memory()
-        return host.to(device, non_blocking=True), None
+        return host.to(device, non_blocking=True)
     if array_api_compat.is_cupy_array(like):
         import cupy
 
@@ -180,5 +196,6 @@ def to_device(xp: Any, a: np.ndarray, like: Any) -> tuple[Any, Copying | None]:
             out = cupy.empty(a.shape, dtype=a.dtype)
             stream = cupy.cuda.get_current_stream()
             out.set(host, stream=stream)
-            return out, Copying(pinned, stream.record())
-    return xp.asarray(a, device=device), None
+            _hold(pinned, stream.record())
+            return out
+    return xp.asarray(a, device=device)

@@ -13,7 +13,8 @@ gradient. As CuPy array operations that is six kernel launches (a product, a neg
 ``logaddexp``, a difference, ``exp``, a product); on a mini-batch of a few hundred rows
 each launch costs more host time than its arithmetic, so here they are one
 ``cupy.ElementwiseKernel``. It runs the same operations as those launches: CuPy's own
-``logaddexp`` expression (``fmax(a, b) + log1p(exp(-fabs(a - b)))``), the same CUDA
+``logaddexp`` (``a + log(2.0)`` in double where ``a == b``, else ``fmax(a, b) +
+log1p(exp(-fabs(a - b)))``), the same CUDA
 math functions, and the products and differences through their round-to-nearest
 intrinsics, which no compiler contracts into a fused multiply-add: the array
 operations' values bit for bit (compared on a GPU in the tests; without one, the body is
@@ -41,7 +42,10 @@ def source(dtype: str) -> str:
     return (
         f"const {c} zero = 0;\n"
         f"const {c} nm = -__{p}mul_rn(t, z);\n"
-        f"loss = __{p}add_rn(fmax(zero, nm), log1p(exp(-fabs(__{p}sub_rn(zero, nm)))));\n"
+        # CuPy's logaddexp(in0, in1): in0 + log(2.0) where in0 == in1, in double
+        f"if (zero == nm) {{\n    loss = zero + log(2.0);\n}} else {{\n"
+        f"    loss = __{p}add_rn(fmax(zero, nm), log1p(exp(-fabs(__{p}sub_rn(zero, nm)))));\n"
+        "}\n"
         f"s = __{p}mul_rn(t, exp(__{p}sub_rn(nm, loss)));"
     )
 

@@ -56,6 +56,13 @@ class _Structure:
         else:
             import cupy
 
+            if max(self.nnz, *self.shape) >= 2**31:  # cupyx's CSR holds int32 indices
+                raise ValueError(
+                    f"a sparse matrix of shape {self.shape} with {self.nnz} stored entries "
+                    "does not fit CuPy's sparse CSR matrices, whose indices are int32 "
+                    "(fewer than 2**31 entries and rows/columns allowed)"
+                )
+
             def up(a: np.ndarray) -> Any:
                 with device:
                     return cupy.asarray(np.ascontiguousarray(a, dtype=np.int32))
@@ -188,9 +195,14 @@ def _scatter_add(lib: str, out: Any, idx: Any, vals: Any) -> Any:
     """``out[idx[j]] += vals[j]`` along axis 0, repeats accumulated; returns ``out``."""
     if lib == "torch":
         return out.index_add_(0, idx, vals)
-    import cupyx
+    import cupy
 
-    cupyx.scatter_add(out, idx, vals)
+    if hasattr(cupy.add, "at"):  # CuPy >= 12; its cupyx.scatter_add warns from CuPy 14 on
+        cupy.add.at(out, idx, vals)
+    else:
+        import cupyx
+
+        cupyx.scatter_add(out, idx, vals)
     return out
 
 
