@@ -28,6 +28,7 @@ otherwise land in memory already given to another copy.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import array_api_compat
@@ -164,13 +165,16 @@ class Copying:
 
 #: the CuPy pinned buffers whose copies may still be queued (see the module's docstring)
 _IN_FLIGHT: list[Copying] = []
+#: runs in several threads share the list: its pruning and appending go together
+_IN_FLIGHT_LOCK = threading.Lock()
 
 
 def _hold(buffer: Any, event: Any) -> None:
     """Keep ``buffer`` alive until ``event`` (recorded after its copy) has passed, and let
     go of the buffers held so far whose copies are done."""
-    _IN_FLIGHT[:] = [c for c in _IN_FLIGHT if not c.done]
-    _IN_FLIGHT.append(Copying(buffer, event))
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT[:] = [c for c in _IN_FLIGHT if not c.done]
+        _IN_FLIGHT.append(Copying(buffer, event))
 
 
 def to_device(xp: Any, a: np.ndarray, like: Any) -> Any:
