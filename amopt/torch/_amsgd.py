@@ -721,10 +721,7 @@ def _multi_tensor_amsgd(
     # reduce, per (device, dtype) bucket: g, d = g on the first step, v = d - g, and the
     # sums <v,v>, <g,g>, <d,d> of each tensor as the rows of a (3, n_bucket) tensor; in the
     # bucket's foreach_mode: chunk by chunk on the CPU (squares in float32 where that is
-    # safe, cpu_sqsums), else whole tensors, squares in float64 (wide_dtype). The buffers
-    # hold v afterwards, except in a compiled step: there the apply's loop forms v again
-    # from the d and g it reads anyway, a write pass fewer
-    stored = not torch.compiler.is_compiling()
+    # safe, cpu_sqsums), else whole tensors, squares in float64 (wide_dtype)
     buckets = []
     for (dev_params_, dev_grads_, dev_bufs_, dev_steps_), indices in grouped.values():
         dev_params = list(dev_params_)
@@ -772,12 +769,8 @@ def _multi_tensor_amsgd(
             else:  # squares in float64: no underflow, no overflow
                 wide = wide_dtype(device)
                 gd = foreach_sqsum(gs + ds, wide)
-                if stored:
-                    torch._foreach_sub_(ds, gs)
-                    vs = ds
-                else:
-                    vs = torch._foreach_sub(ds, gs)
-                parts.append(torch.stack(foreach_sqsum(vs, wide) + gd).view(3, -1))
+                torch._foreach_sub_(ds, gs)
+                parts.append(torch.stack(foreach_sqsum(ds, wide) + gd).view(3, -1))
             owner_ids += owners
         sums = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         if len(owner_ids) != len(indices):  # tensors cut into pieces: add the pieces up
@@ -823,16 +816,14 @@ def _multi_tensor_amsgd(
         for chunk in pieces:
             owners = [i for i, _ in chunk]
             xs_low, gs_low, ds_low = [list(ts) for ts in zip(*(p for _, p in chunk), strict=True)]
-            # v = d - g in the buffers' dtype, as the reduce formed it
-            vs_low = ds_low if stored else list(torch._foreach_sub(ds_low, gs_low))
             if ds_low[0].dtype == op:
-                xs, gs, ds = xs_low, gs_low, vs_low
+                xs, gs, ds = xs_low, gs_low, ds_low
             elif mode == "chunks":
                 xs, gs, ds = kit(0, xs_low), kit(1, gs_low), kit(2, ds_low)
             elif mode == "flat":
                 xs, gs, ds = kit.empty(op), kit.empty(op), kit.empty(op)
             else:
-                xs, gs, ds = (cast(ts, op) for ts in (xs_low, gs_low, vs_low))
+                xs, gs, ds = (cast(ts, op) for ts in (xs_low, gs_low, ds_low))
             if xs is not xs_low and mode != "lists":
                 for high, low in ((xs, xs_low), (gs, gs_low), (ds, ds_low)):
                     torch._foreach_copy_(high, low)
@@ -847,7 +838,6 @@ def _multi_tensor_amsgd(
             torch._foreach_add_(xs, ds, alpha=-lr)
             if ds is not ds_low:
                 torch._foreach_copy_(ds_low, ds)
-            if xs is not xs_low:
                 torch._foreach_copy_(xs_low, xs)
     return betas
 
