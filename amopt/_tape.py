@@ -411,28 +411,39 @@ _TRITON_OPS = {
 }
 
 
-def triton_kernel(code: np.ndarray, outputs: np.ndarray, dtype: Any) -> Any:
-    """:func:`triton_source` of a tape compiled by ``triton.jit`` (interpreted under
-    ``TRITON_INTERPRET``, as ``triton.jit`` decides when it is called); None for a tape
-    it cannot write. The name is a hash of the tape and the dtype; the source, made
-    here from the recorded operations and never read from elsewhere, goes into
-    ``linecache`` so that ``triton.jit`` finds what it compiles."""
+#: compiled rule kernels by (name, interpreted): one per tape and dtype, whichever rule,
+#: configuration or driver recorded it
+_TRITON_KERNELS: dict[tuple[str, bool], Any] = {}
+
+
+def triton_kernel(code: np.ndarray, outputs: np.ndarray, dtype: Any, interpret: bool) -> Any:
+    """:func:`triton_source` of a tape compiled by ``triton.jit``, once per tape, dtype
+    and ``interpret`` (whether Triton's interpreter is on, which ``triton.jit`` reads
+    when it is called); None for a tape it cannot write. The name is a hash of the tape
+    and the dtype; the source, made here from the recorded operations and never read
+    from elsewhere, goes into ``linecache`` so that ``triton.jit`` finds what it
+    compiles."""
     import hashlib
     import linecache
 
+    digest = hashlib.sha256(code.tobytes() + outputs.tobytes() + np.dtype(dtype).str.encode())
+    name = "amopt_rule_" + digest.hexdigest()[:16]
+    key = (name, interpret)
+    if key in _TRITON_KERNELS:
+        return _TRITON_KERNELS[key]
     import triton
     import triton.language
 
-    digest = hashlib.sha256(code.tobytes() + outputs.tobytes() + np.dtype(dtype).str.encode())
-    name = "amopt_rule_" + digest.hexdigest()[:16]
     source = triton_source(code, outputs, dtype, name)
-    if source is None:
-        return None
-    filename = f"<amopt rule kernel {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, Any] = {"tl": triton.language}
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
-    return triton.jit(namespace[name])
+    kernel = None
+    if source is not None:
+        filename = f"<amopt rule kernel {name}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace: dict[str, Any] = {"tl": triton.language}
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+        kernel = triton.jit(namespace[name])
+    _TRITON_KERNELS[key] = kernel
+    return kernel
 
 
 def triton_source(code: np.ndarray, outputs: np.ndarray, dtype: Any, name: str) -> str | None:

@@ -85,7 +85,7 @@ def _kernel(rule: Any, config: Any, lr: float, exact: bool) -> Any:
     key = (rule, config, float(lr), exact, _interpret())
     if key not in _KERNELS:
         tape = _tape.momentum_of_dots(rule, config, lr, exact)
-        _KERNELS[key] = None if tape is None else _tape.triton_kernel(*tape, "float64")
+        _KERNELS[key] = None if tape is None else _tape.triton_kernel(*tape, "float64", key[-1])
     return _KERNELS[key]
 
 

@@ -556,8 +556,7 @@ def _segment_sum(
     tl.store(out_ptr + s * K + cols, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cols < K)
 
 
-#: Jitted rule kernels by their tape, dtype and interpretation, and by (rule, config, dtype).
-_RULE_KERNELS: dict[tuple, Any] = {}
+#: Jitted rule kernels by (rule, config, dtype, interpreted).
 _RULE_BY_KEY: dict[tuple, Any] = {}
 _RULE_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
 
@@ -585,12 +584,7 @@ def _make_rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret
     if np_dtype is None:
         return None
     tape = _tape.traced(rule, _K, cfg=config, dtype=np_dtype)
-    if tape is None:
-        return None
-    key = (tape[0].tobytes(), tape[1].tobytes(), np.dtype(np_dtype).str, interpret)
-    if key not in _RULE_KERNELS:
-        _RULE_KERNELS[key] = _tape.triton_kernel(*tape, np_dtype)
-    return _RULE_KERNELS[key]
+    return None if tape is None else _tape.triton_kernel(*tape, np_dtype, interpret)
 
 
 def _fused_rule(
