@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -21,16 +20,9 @@ from amopt import _core, _cupy_apply
 from amopt._config import AMConfig
 from amopt.backends import library_available
 
-CC = shutil.which("cc") or shutil.which("gcc")
+from _kernel_bodies import INTRINSICS, compile_library, same_bits
 
-_PRELUDE = """
-#define DEF(T, p) \\
-    static inline T __##p##add_rn(T a, T b) { return a + b; } \\
-    static inline T __##p##sub_rn(T a, T b) { return a - b; } \\
-    static inline T __##p##mul_rn(T a, T b) { return a * b; }
-DEF(double, d)
-DEF(float, f)
-"""
+CC = shutil.which("cc") or shutil.which("gcc")
 
 
 def _c_function(dtype: str, with_v: bool) -> str:
@@ -54,12 +46,8 @@ def compiled(tmp_path_factory):
         pytest.skip("no C compiler")
     folder = tmp_path_factory.mktemp("apply_c")  # private to this run
     cases = [(dt, v) for dt in ("float64", "float32") for v in (True, False)]
-    src = folder / "apply.c"
-    lib = folder / "apply.so"
-    src.write_text(_PRELUDE + "".join(_c_function(dt, v) for dt, v in cases))
-    cmd = [CC, "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
-    subprocess.run([*cmd, "-o", str(lib), str(src)], check=True, timeout=120)
-    dll = ctypes.CDLL(str(lib))
+    source = INTRINSICS + "".join(_c_function(dt, v) for dt, v in cases)
+    dll = compile_library(CC, folder, "apply", source, ".c")
 
     def get(dtype: str, with_v: bool):
         fn = getattr(dll, f"apply_{dtype}_{'v' if with_v else 'd'}")
@@ -92,15 +80,6 @@ def _arrays(dtype: str, n: int = 4000) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.dtype == b.dtype
-    both_nan = np.isnan(a) & np.isnan(b)
-    ints = np.int64 if a.dtype == np.float64 else np.int32
-    np.testing.assert_array_equal(
-        np.where(both_nan, 0, a).view(ints), np.where(both_nan, 0, b).view(ints)
-    )
-
-
 @pytest.mark.parametrize("with_v", [True, False])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("coef", [0.0, 0.37, 1.0, -2.5])
@@ -112,8 +91,8 @@ def test_the_kernel_body_is_the_array_operations_bit_for_bit(compiled, dtype, wi
         want_d = g + c * v  # the array operations of _core.am_momentum_apply
         want_x = x - lr * want_d
         dn, xn = compiled(dtype, with_v)(x, g, v if with_v else d, c, np.dtype(dtype).type(lr))
-    _same_bits(dn, want_d)
-    _same_bits(xn, want_x)
+    same_bits(dn, want_d)
+    same_bits(xn, want_x)
 
 
 def test_the_body_uses_no_contractible_arithmetic():
@@ -193,5 +172,5 @@ def test_the_cupy_kernel_is_the_array_operations_bit_for_bit(dtype, with_v):
     assert out is not None
     want_d = g + c * v
     want_x = x - 0.0731 * want_d
-    _same_bits(cupy.asnumpy(out[0]), cupy.asnumpy(want_d))
-    _same_bits(cupy.asnumpy(out[1]), cupy.asnumpy(want_x))
+    same_bits(cupy.asnumpy(out[0]), cupy.asnumpy(want_d))
+    same_bits(cupy.asnumpy(out[1]), cupy.asnumpy(want_x))

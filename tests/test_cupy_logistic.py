@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -21,19 +20,18 @@ import pytest
 from amopt.backends import library_available
 from amopt.problems import LogisticRegression, _cupy_logistic
 
+from _kernel_bodies import INTRINSICS, compile_library, same_bits
+
 CXX = shutil.which("c++") or shutil.which("g++")
 LIBM = ctypes.util.find_library("m")
 
-_PRELUDE = """
+_PRELUDE = (
+    """
 #include <cmath>
 using std::exp; using std::log; using std::log1p; using std::fmax; using std::fabs;
-#define DEF(T, p) \\
-    static inline T __##p##add_rn(T a, T b) { return a + b; } \\
-    static inline T __##p##sub_rn(T a, T b) { return a - b; } \\
-    static inline T __##p##mul_rn(T a, T b) { return a * b; }
-DEF(double, d)
-DEF(float, f)
 """
+    + INTRINSICS
+)
 
 
 def _function(dtype: str) -> str:
@@ -52,11 +50,8 @@ def compiled(tmp_path_factory):
     if CXX is None or LIBM is None:
         pytest.skip("no C++ compiler or C math library")
     folder = tmp_path_factory.mktemp("logistic_cxx")  # private to this run
-    src, lib = folder / "logistic.cpp", folder / "logistic.so"
-    src.write_text(_PRELUDE + _function("float64") + _function("float32"))
-    cmd = [CXX, "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
-    subprocess.run([*cmd, "-o", str(lib), str(src)], check=True, timeout=120)
-    dll = ctypes.CDLL(str(lib))
+    source = _PRELUDE + _function("float64") + _function("float32")
+    dll = compile_library(CXX, folder, "logistic", source, ".cpp")
 
     def get(dtype: str):
         fn = getattr(dll, f"run_{dtype}")
@@ -109,21 +104,13 @@ def _inputs(dtype: str, n: int = 3000) -> tuple[np.ndarray, np.ndarray]:
     return t, z
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
-    both_nan = np.isnan(a) & np.isnan(b)
-    ints = np.int64 if a.dtype == np.float64 else np.int32
-    np.testing.assert_array_equal(
-        np.where(both_nan, 0, a).view(ints), np.where(both_nan, 0, b).view(ints)
-    )
-
-
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_the_kernel_body_is_the_array_operations(compiled, dtype):
     t, z = _inputs(dtype)
     loss, s = compiled(dtype)(t, z)
     want_loss, want_s = _reference(dtype, t, z)
-    _same_bits(loss, want_loss)
-    _same_bits(s, want_s)
+    same_bits(loss, want_loss)
+    same_bits(s, want_s)
     # and they are the logistic loss and residual (NumPy's own functions, to rounding)
     finite = np.isfinite(z)
     with np.errstate(all="ignore"):
@@ -156,8 +143,8 @@ def test_the_cupy_kernel_is_cupys_array_operations_bit_for_bit(dtype):
     neg_margin = -(t * z)
     loss = cupy.logaddexp(cupy.zeros((), dtype=dtype), neg_margin)
     s = t * cupy.exp(neg_margin - loss)
-    _same_bits(cupy.asnumpy(out[0]), cupy.asnumpy(loss))
-    _same_bits(cupy.asnumpy(out[1]), cupy.asnumpy(s))
+    same_bits(cupy.asnumpy(out[0]), cupy.asnumpy(loss))
+    same_bits(cupy.asnumpy(out[1]), cupy.asnumpy(s))
 
 
 @pytest.mark.skipif(not library_available("cupy"), reason="needs CuPy and a GPU")

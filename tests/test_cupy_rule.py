@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 import warnings
 
 import numpy as np
@@ -21,6 +20,8 @@ import pytest
 from amopt import _core, _cupy_rule, _rule
 from amopt._config import AMConfig
 from amopt.backends import library_available
+
+from _kernel_bodies import compile_library, same_bits
 
 CC = shutil.which("cc") or shutil.which("gcc")
 
@@ -85,13 +86,6 @@ def _reference(rows: np.ndarray, config, lr: float, fd) -> tuple[np.ndarray, np.
     return np.array(betas), np.array(gammas)
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
-    both_nan = np.isnan(a) & np.isnan(b)
-    np.testing.assert_array_equal(
-        np.where(both_nan, 0.0, a).view(np.int64), np.where(both_nan, 0.0, b).view(np.int64)
-    )
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """``build(body) -> callable(rows, fd) -> (beta, gamma)``: the body compiled as C."""
@@ -102,12 +96,8 @@ def compiled(tmp_path_factory):
 
     def build(body: str):
         count[0] += 1
-        src = folder / f"rule{count[0]}.c"
-        lib = folder / f"rule{count[0]}.so"
-        src.write_text(_PRELUDE + body + _POSTLUDE)
-        cmd = [CC, "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
-        subprocess.run([*cmd, "-o", str(lib), str(src)], check=True, timeout=120)
-        fn = ctypes.CDLL(str(lib)).rule
+        source = _PRELUDE + body + _POSTLUDE
+        fn = compile_library(CC, folder, f"rule{count[0]}", source, ".c").rule
         ptr = ctypes.POINTER(ctypes.c_double)
         fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_long]
 
@@ -133,8 +123,8 @@ def test_the_kernel_body_is_the_rule_bit_for_bit(compiled, name, fd):
     rows = _rows(np.random.default_rng(7), 400)
     beta, gamma = compiled(body)(rows, fd)
     want_beta, want_gamma = _reference(rows, config, lr, fd)
-    _same_bits(beta, want_beta)
-    _same_bits(gamma, want_gamma)
+    same_bits(beta, want_beta)
+    same_bits(gamma, want_gamma)
     # the edge rows: degenerate and overflowed sums give beta 0 before the variant
     if name == "default":
         assert np.all(beta[-9:-6] == 0.0) and beta[-6] == 0.0
@@ -180,8 +170,8 @@ def test_the_cupy_kernel_is_the_rule_bit_for_bit(name, fd):
         out = _cupy_rule.momentum_rule(_rule.momentum_beta, sums, config, 0.05, f_dec)
     assert out is not None
     want_beta, want_gamma = _reference(rows, config, 0.05, fd)
-    _same_bits(cupy.asnumpy(out[0]), want_beta)
-    _same_bits(cupy.asnumpy(out[1]), want_gamma)
+    same_bits(cupy.asnumpy(out[0]), want_beta)
+    same_bits(cupy.asnumpy(out[1]), want_gamma)
 
 
 def test_a_cupy_step_applies_the_kernels_coefficients(monkeypatch):

@@ -21,8 +21,9 @@ import amopt
 from amopt import _loop, _rule, _torch_apply, _torch_rule
 from amopt._config import AMConfig
 
+from _kernel_bodies import same_bits
 from test_cupy_apply import _arrays
-from test_cupy_rule import CONFIGS, _reference, _rows, _same_bits
+from test_cupy_rule import CONFIGS, _reference, _rows
 from test_minimize_device_syncs import _DeviceLeastSquares
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no Triton")
@@ -51,8 +52,8 @@ def test_the_kernel_is_the_rule_bit_for_bit(name, fd):
     out = _torch_rule.momentum_rule(_rule.momentum_beta, sums, config, 0.05, f_dec)
     assert out is not None
     want_beta, want_gamma = _reference(rows, config, 0.05, fd)
-    _same_bits(out[0].cpu().numpy(), want_beta)
-    _same_bits(out[1].cpu().numpy(), want_gamma)
+    same_bits(out[0].cpu().numpy(), want_beta)
+    same_bits(out[1].cpu().numpy(), want_gamma)
 
 
 def test_float32_dots_are_widened_first():
@@ -62,8 +63,8 @@ def test_float32_dots_are_widened_first():
     sums = [torch.tensor(v, device=DEVICE) for v in rows.reshape(-1)]
     out = _torch_rule.momentum_rule(_rule.momentum_beta, sums, config, 0.1, None)
     want_beta, want_gamma = _reference(rows.astype(np.float64), config, 0.1, None)
-    _same_bits(out[0].cpu().numpy(), want_beta)
-    _same_bits(out[1].cpu().numpy(), want_gamma)
+    same_bits(out[0].cpu().numpy(), want_beta)
+    same_bits(out[1].cpu().numpy(), want_gamma)
 
 
 @pytest.mark.parametrize("with_v", [True, False])
@@ -80,8 +81,8 @@ def test_the_apply_kernel_is_the_tensor_operations_bit_for_bit(dtype, with_v):
     assert out is not None
     want_d = g + c * v  # the tensor operations of _core.am_momentum_apply
     want_x = x - 0.0731 * want_d
-    _same_bits(out[0].cpu().numpy(), want_d.cpu().numpy())
-    _same_bits(out[1].cpu().numpy(), want_x.cpu().numpy())
+    same_bits(out[0].cpu().numpy(), want_d.cpu().numpy())
+    same_bits(out[1].cpu().numpy(), want_x.cpu().numpy())
 
 
 def test_the_apply_kernel_declines_what_it_does_not_take():
