@@ -296,6 +296,30 @@ def test_host_time_row_is_over_the_budget(monkeypatch):
     assert m.ratio == pytest.approx(1.0 / _standins.HOST_BUDGET_MS)
 
 
+def test_many_tensor_host_row_is_over_three_budgets(monkeypatch):
+    """The 1480-tensor row: its median against 3x the 148-tensor budget; the paired ratio
+    to the 148-tensor step (what the tensors add) in its note."""
+
+    class Case:
+        def __init__(self, optimizer, shapes):
+            self.n_tensors, self.launches = len(shapes), Counter(sgd_reduce=1)
+
+        def run(self):
+            pass
+
+    def paired(run_a, run_b, **kw):
+        return Paired(a=[0.9e-3, 1.2e-3, 1.2e-3, 1.5e-3], b=[0.3e-3, 0.3e-3, 0.4e-3, 0.3e-3])
+
+    monkeypatch.setattr(_host, "TritonHostCase", Case)
+    monkeypatch.setattr(_standins, "interleave", paired)
+    m = _row(_standins.ROWS, "triton-host-amsgd-1480").measure(Settings(quick=True, repeat=4))
+    budget = _standins.SCALING * _standins.HOST_BUDGET_MS
+    assert m.a == pytest.approx(1.2) and m.b == pytest.approx(budget)
+    assert m.ratio == pytest.approx(1.2 / budget)
+    # paired ratios 3, 4, 3, 5: median 3.5
+    assert "1480 tensors / 148" in m.note and ": 3.50 (IQR" in m.note
+
+
 @needs_triton
 def test_standin_rows_run_quick():
     """Every stand-in row measures at small sizes, through the command."""
