@@ -29,6 +29,15 @@ def _sizes(s: Settings, n_params: int, n_tensors: int) -> tuple[int, int]:
     return (200_000, min(n_tensors, 8)) if s.quick else (n_params, n_tensors)
 
 
+def _fresh_compiler() -> None:
+    """Start a row with Dynamo's caches empty: every optimizer's ``step`` is one code
+    object to Dynamo (``torch.optim``'s wrapper), so the compiled rows before a row would
+    spend its recompile limit and leave that row's steps uncompiled."""
+    import torch
+
+    torch._dynamo.reset()
+
+
 def _paired_steps(
     make_a: Callable[[int, int], Any],
     kind_b: str,
@@ -43,6 +52,7 @@ def _paired_steps(
 
     def measure(s: Settings) -> Measured:
         s.apply_threads()
+        _fresh_compiler()
         n, t = _sizes(s, N_PARAMS, n_tensors)
         a = make_a(n, t)
         counts = _compile_counts(a) if compiled else ""
@@ -116,6 +126,7 @@ def _compiled_over_floor(kind: str) -> Callable:
 
     def measure(s: Settings) -> Measured:
         s.apply_threads()
+        _fresh_compiler()
         n, t = _sizes(s, N_PARAMS, 48)
         a = cases.OptimizerCase(kind, n, t, per_layer=False)
         counts = _compile_counts(a)
@@ -147,6 +158,11 @@ def _compile_counts(case: cases.OptimizerCase) -> str:
     case.run()
     graphs = counters["stats"]["unique_graphs"]
     own = sum(n for why, n in counters["graph_break"].items() if "graph_break()" not in why)
+    if first == 0:
+        raise RuntimeError(
+            "the compiled step made no graph at its first step (Dynamo's recompile limit "
+            "spent?): the row would time an eager step"
+        )
     return (
         f"; compiled step: {first} graph(s) at the first step, {graphs - first} "
         f"recompilation(s) in the next two, {own} graph break(s)"
