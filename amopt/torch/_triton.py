@@ -916,6 +916,10 @@ def rebind(plan: Plan, column: int, ptrs: Sequence[int]) -> bool:
     return True
 
 
+_DTYPE = operator.attrgetter("dtype")
+#: where a key of :func:`_plan_keys` holds the parameters' dtypes
+_KEY_DTYPES = 4
+
 #: Plans by everything but the gradients' addresses: (key in ``_PLANS``, plan).
 _BY_STATE: dict[tuple, tuple[tuple, Plan]] = {}
 
@@ -931,10 +935,11 @@ def _plan_keys(
         per_layer,
         wide,
         CHUNK,
-        tuple((p.dtype, p.numel()) for p in params),
+        tuple(map(_DTYPE, params)),
+        tuple(map(Tensor.numel, params)),
     )
     ptrs = [tuple(map(Tensor.data_ptr, col)) for col in columns]
-    key = (*shape, tuple(ptr for col in ptrs for ptr in col))
+    key = (*shape, *ptrs)
     return key, (*shape, ptrs[0], *ptrs[2:]), ptrs
 
 
@@ -984,11 +989,11 @@ def _checked_plan(
     plan = _recall(_PLANS, key)
     if plan is None:
         return None
-    dtypes = [p.dtype for p in columns[0]]
+    dtypes = key[_KEY_DTYPES]
     for col in columns:
         if not all(map(Tensor.is_contiguous, col)):
             return None
-        if col is not columns[0] and [t.dtype for t in col] != dtypes:
+        if col is not columns[0] and tuple(map(_DTYPE, col)) != dtypes:
             return None
     return _in_use(plan)
 
