@@ -7,6 +7,7 @@ are skipped by the code under test, and that path is exercised too.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import json
@@ -179,6 +180,23 @@ def test_read_floor_case_reads_gradients_and_buffers_then_steps_sgd():
     case.run()
     for q, p in zip(params, case.case.params, strict=True):
         torch.testing.assert_close(p.detach(), q.detach())
+
+
+def test_a_compiled_row_compiles_after_other_steps_spent_the_recompile_limit(monkeypatch):
+    """Every optimizer's ``step`` is one code object to Dynamo: a compiled row starts with
+    an empty cache, so its steps make their graph even after other optimizers' compiled
+    steps spent the recompile limit (here 1); a row that timed eager steps would fail."""
+    from amopt.bench import Settings
+
+    # Dynamo's graphs run as traced (no inductor): the cache and its limit are Dynamo's
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    cases.OptimizerCase("sgd_single_compiled", 3_000, 3).run()  # the one compile allowed
+    row = next(r for r in _cli.ROWS if r.key == "amsgd-single-compiled")
+    m = row.measure(Settings(quick=True, repeat=2))
+    assert "1 graph(s) at the first step, 0 recompilation(s)" in m.note
+    assert m.a > 0 and m.b > 0
 
 
 def test_am_adamw_state_is_adamw_state_plus_scalars():
