@@ -570,6 +570,43 @@ def test_grad_scaler_skipped_first_step_then_starts_afresh(cls, impl):
     _assert_same_run((model, opt), reference, exact=not _c_kernels(impl, torch.float32))
 
 
+class _NonViewOps(TorchDispatchMode):
+    """Counts the operations that are not views (on a GPU: the kernel launches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("found", [0.0, 1.0])
+def test_skipped_step_blends_the_0d_state_in_a_constant_number_of_operations(found):
+    """With a per-layer scope every parameter has its own 0-d entries: a GradScaler's
+    skipped step puts them back with a few operations per dtype, not one per parameter;
+    a skipped step keeps the old value even where the new one is NaN, and 0 where there
+    was none."""
+    counts = {}
+    for n in (8, 80):
+        olds = [torch.tensor(float(i), dtype=torch.float64) for i in range(n)]
+        olds += [torch.tensor([float(i)]) for i in range(n)]  # a (1,) entry, float32
+        news = [torch.tensor(-float(i), dtype=torch.float64) for i in range(n)]
+        news += [torch.tensor(math.nan) for _ in range(n)]
+        skip = _common.InfSkip(torch.tensor(found), [])
+        with _NonViewOps() as ops:
+            out = skip.blend_all(olds, news)
+        counts[n] = ops.count
+        for old, new, got in zip(olds, news, out, strict=True):
+            want = old.reshape(()).to(new.dtype) if found else new
+            assert got.shape == new.shape and got.dtype == new.dtype
+            assert torch.equal(got, want) or (not found and math.isnan(got))
+    assert counts[8] == counts[80] <= 8, counts  # two dtypes: 2 stacks and a where each
+    missing = _common.InfSkip(torch.tensor(1.0), []).blend_all([None], [torch.tensor(3.0)])
+    assert torch.equal(missing[0], torch.tensor(0.0))
+
+
 def test_functional_found_inf_leaves_everything_as_it_was():
     x = torch.tensor([1.0, -2.0, 3.0])
     g = torch.tensor([math.inf, 0.5, 1.0])

@@ -711,7 +711,7 @@ def _amp_am_adamw(
     olds = t.beta1_prods
     if not h.config.per_layer:
         return betas, [skip.blend(olds[0], prods[0])] * len(prods)
-    return betas, [skip.blend(old, new) for old, new in zip(olds, prods, strict=True)]
+    return betas, skip.blend_all(olds, prods)
 
 
 def _fused_am_adamw(

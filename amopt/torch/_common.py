@@ -37,6 +37,7 @@ from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     kept_copy,
     real_dtype,
     scope_sums,
+    where_skipped,
     wide_dtype,
 )
 
@@ -822,10 +823,14 @@ class InfSkip:
 
     def blend(self, old: Tensor | None, new: Tensor) -> Tensor:
         """``where(found_inf > 0, old, new)`` (0 for a missing ``old``)."""
+        return self.blend_all([old], [new])[0]
+
+    def blend_all(self, olds: Sequence[Tensor | None], news: Sequence[Tensor]) -> list[Tensor]:
+        """:meth:`blend` of each pair; the 0-d values a few operations at a time
+        (:func:`~amopt.torch._records.where_skipped`), not one per parameter."""
         if self.found_inf is None:
-            return new
-        keep = torch.zeros_like(new) if old is None else old.to(new.device, new.dtype)
-        return torch.where(self.skip(new.device), keep, new)
+            return list(news)
+        return where_skipped(self.skip, olds, news)
 
 
 # --------------------------------------------------------------------------- optimizer base
@@ -972,11 +977,10 @@ class AMOptimizerBase(Optimizer):
             states = [self.state[p] for p in params]
             olds, news = [], []
             for key, values, skip in entries:
-                blend = skip is not None and skip.found_inf is not None
+                if skip is not None and skip.found_inf is not None:
+                    values = skip.blend_all([state.get(key) for state in states], values)
                 for state, value in zip(states, values, strict=True):
                     old = state.get(key)
-                    if blend:
-                        value = skip.blend(old, value)  # type: ignore[union-attr]
                     if old is value:
                         continue
                     if _same_kind(old, value):

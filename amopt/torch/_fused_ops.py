@@ -30,6 +30,7 @@ from amopt.torch._records import (
     real_dtype,
     rule_config_from,
     rule_numbers,
+    where_skipped,
 )
 
 __all__: list[str] = []
@@ -410,8 +411,8 @@ def _store(olds: list[Tensor], news: list[Tensor], found_inf: Tensor | None) -> 
     """``olds[i] <- news[i]`` in one multi-tensor copy; kept where ``found_inf`` is nonzero."""
     if found_inf is not None:
         keep = found_inf.reshape(()) != 0
-        pairs = zip(olds, news, strict=True)
-        news = [torch.where(keep, old, new.to(old.dtype)) for old, new in pairs]
+        news = [new.to(old.dtype) for old, new in zip(olds, news, strict=True)]
+        news = where_skipped(lambda device: keep.to(device), olds, news)
     torch._foreach_copy_(olds, news)
 
 

@@ -9,7 +9,7 @@ nothing here imports another module of the package.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -35,6 +35,7 @@ __all__ = [
     "rule_config_from",
     "rule_numbers",
     "scope_sums",
+    "where_skipped",
     "wide_dtype",
 ]
 
@@ -234,6 +235,35 @@ def scope_sums(sums: Tensor, dtype: torch.dtype) -> Tensor:
         return sums
     _, exponent = torch.frexp(sums.abs().amax(dim=-1, keepdim=True))
     return torch.ldexp(sums, -exponent).to(dtype)
+
+
+def where_skipped(
+    skip: Callable[[torch.device], Tensor],
+    olds: Sequence[Tensor | None],
+    news: Sequence[Tensor],
+) -> list[Tensor]:
+    """``where(skip, old, new)`` for each pair (0 for a missing ``old``), in the ``new``
+    values' dtypes and devices.
+
+    ``skip(device)``: the step's 0-d boolean "skipped" flag on ``device`` (a
+    ``GradScaler``'s ``found_inf > 0``). One-element values (the 0-d state entries of
+    every parameter) are blended a dtype and device at a time: two stacks and one
+    ``where`` for the lot, not an operation per parameter; other values one by one.
+    """
+    out = list(news)
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for i, (old, new) in enumerate(zip(olds, news, strict=True)):
+        if old is not None and new.dim() == 0 and old.numel() == 1:
+            groups.setdefault((new.dtype, new.device), []).append(i)
+        else:
+            keep = torch.zeros_like(new) if old is None else old.to(new.device, new.dtype)
+            out[i] = torch.where(skip(new.device), keep, new)
+    for (dtype, device), rows in groups.items():
+        kept = torch.stack([olds[i].reshape(()).to(device, dtype) for i in rows])  # type: ignore[union-attr]
+        fresh = torch.stack([news[i] for i in rows])
+        for i, value in zip(rows, torch.where(skip(device), kept, fresh).unbind(), strict=True):
+            out[i] = value
+    return out
 
 
 class Sharded(NamedTuple):
