@@ -190,11 +190,12 @@ def test_a_compiled_row_compiles_after_other_steps_spent_the_recompile_limit(mon
 
     # Dynamo's graphs run as traced (no inductor): the cache and its limit are Dynamo's
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    torch._dynamo.reset()
-    cases.OptimizerCase("sgd_single_compiled", 3_000, 3).run()  # the one compile allowed
     row = next(r for r in _cli.ROWS if r.key == "amsgd-single-compiled")
-    m = row.measure(Settings(quick=True, repeat=2))
+    with torch._dynamo.config.patch(recompile_limit=1):
+        torch._dynamo.reset()
+        cases.OptimizerCase("sgd_single_compiled", 3_000, 3).run()  # the one compile allowed
+        m = row.measure(Settings(quick=True, repeat=2))
+    torch._dynamo.reset()
     assert "1 graph(s) at the first step, 0 recompilation(s)" in m.note
     assert m.a > 0 and m.b > 0
 

@@ -23,6 +23,7 @@ def test_compiled_global_scope_updates_its_shared_state(cls):
     ]
     eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     opt, eager = (cls(ps, lr=0.01, per_layer=False) for ps in (params, eager_params))
+    torch._dynamo.reset()  # optimizers' steps compiled before would spend the recompile limit
     step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
     for _ in range(3):
         grads = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
