@@ -26,6 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from amopt.torch import AMSGD, AMAdam, AMAdamW, _common, _fused, am_adamw, amsgd  # noqa: E402
 from amopt.torch._fused import FusedFallbackWarning  # noqa: E402
 
+from _launches import Launches  # noqa: E402
+
 CLASSES = [AMSGD, AMAdamW, AMAdam]
 IMPLS = {
     "single": {"foreach": False},
@@ -570,18 +572,6 @@ def test_grad_scaler_skipped_first_step_then_starts_afresh(cls, impl):
     _assert_same_run((model, opt), reference, exact=not _c_kernels(impl, torch.float32))
 
 
-class _NonViewOps(TorchDispatchMode):
-    """Counts the operations that are not views (on a GPU: the kernel launches)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += not func.is_view
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("found", [0.0, 1.0])
 def test_skipped_step_blends_the_0d_state_in_a_constant_number_of_operations(found):
     """With a per-layer scope every parameter has its own 0-d entries: a GradScaler's
@@ -595,7 +585,7 @@ def test_skipped_step_blends_the_0d_state_in_a_constant_number_of_operations(fou
         news = [torch.tensor(-float(i), dtype=torch.float64) for i in range(n)]
         news += [torch.tensor(math.nan) for _ in range(n)]
         skip = _common.InfSkip(torch.tensor(found), [])
-        with _NonViewOps() as ops:
+        with Launches() as ops:
             out = skip.blend_all(olds, news)
         counts[n] = ops.count
         for old, new, got in zip(olds, news, out, strict=True):

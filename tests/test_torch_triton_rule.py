@@ -15,13 +15,14 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
 import amopt
 from amopt import _loop, _rule, _torch_apply, _torch_rule
 from amopt._config import AMConfig
 
 from _kernel_bodies import same_bits
+from _launches import Launches
 from test_cupy_apply import _arrays
 from test_cupy_rule import CONFIGS, _reference, _rows
 from test_minimize_device_syncs import _DeviceLeastSquares
@@ -161,24 +162,12 @@ def _stub_kernels(monkeypatch, launches: list) -> None:
     monkeypatch.setattr(_torch_apply, "_jitted", lambda interpret: _Grid(apply, launches))
 
 
-class _Launches(TorchDispatchMode):
-    """aten operations that are not views: on a GPU, the kernel launches."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += not func.is_view
-        return func(*args, **(kwargs or {}))
-
-
 def _launches_per_iteration(method: str, triton_launches: list) -> float:
     counts = []
     for maxiter in (10, 30):
         prob = _DeviceLeastSquares()
         before = len(triton_launches)
-        with _Launches() as launches:
+        with Launches() as launches:
             res = amopt.minimize(
                 prob,
                 torch.zeros(20, dtype=torch.float64),
