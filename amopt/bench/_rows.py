@@ -40,15 +40,16 @@ def _fresh_compiler() -> None:
 
 def _paired_steps(
     make_a: Callable[[int, int], Any],
-    kind_b: str,
+    kind_b: str | Callable[[int, int], Any],
     n_tensors: int,
     per_layer: bool,
     *,
     compiled: bool = False,
     note: str = "",
 ) -> Callable:
-    """A row's measurement: ``make_a(n, t).run`` against ``OptimizerCase(kind_b)``,
-    interleaved; ``compiled``: the note also counts the AM side's graphs and breaks."""
+    """A row's measurement: ``make_a(n, t).run`` against ``OptimizerCase(kind_b)`` (or
+    ``kind_b(n, t)`` where it is a callable), interleaved; ``compiled``: the note also
+    counts the AM side's graphs and breaks."""
 
     def measure(s: Settings) -> Measured:
         s.apply_threads()
@@ -56,7 +57,10 @@ def _paired_steps(
         n, t = _sizes(s, N_PARAMS, n_tensors)
         a = make_a(n, t)
         counts = _compile_counts(a) if compiled else ""
-        b = cases.OptimizerCase(kind_b, n, t, per_layer=per_layer)
+        if callable(kind_b):
+            b = kind_b(n, t)
+        else:
+            b = cases.OptimizerCase(kind_b, n, t, per_layer=per_layer)
         p = interleave(a.run, b.run, repeat=s.repeat, warmup=3, max_seconds=s.row_seconds)
         tensors = f"{t} tensor" + ("s" if t != 1 else "")
         return Measured.from_paired(
@@ -123,24 +127,15 @@ def _compiled_over_floor(kind: str) -> Callable:
     """A compiled AMSGD step against :class:`~amopt.bench.cases.ReadFloorCase` (a
     compiled read of the gradients and buffers, then a compiled SGD step): what the
     step costs beyond the two passes any global-scope AM step makes, on this machine."""
-
-    def measure(s: Settings) -> Measured:
-        s.apply_threads()
-        _fresh_compiler()
-        n, t = _sizes(s, N_PARAMS, 48)
-        a = cases.OptimizerCase(kind, n, t, per_layer=False)
-        counts = _compile_counts(a)
-        floor = cases.ReadFloorCase(n, t)
-        p = interleave(a.run, floor.run, repeat=s.repeat, warmup=3, max_seconds=s.row_seconds)
-        return Measured.from_paired(
-            p,
-            scale=1e3,
-            unit="ms",
-            note=f"{n:,} params, {t} tensors{counts}; the floor: a compiled read of the "
-            "gradients and buffers, then a compiled SGD step, on tensors of the same sizes",
-        )
-
-    return measure
+    return _paired_steps(
+        lambda n, t: cases.OptimizerCase(kind, n, t, per_layer=False),
+        cases.ReadFloorCase,
+        48,
+        False,
+        compiled=True,
+        note="; the floor: a compiled read of the gradients and buffers, then a compiled "
+        "SGD step, on tensors of the same sizes",
+    )
 
 
 def _compile_counts(case: cases.OptimizerCase) -> str:

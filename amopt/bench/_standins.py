@@ -82,22 +82,33 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
+def _over_budget(seconds: list[float], budget_ms: float, note: str) -> Measured:
+    """Timed steps (in seconds) against a budget in ms: their median over it, with the
+    quartiles' ratios as the spread."""
+    ms = [t * 1e3 for t in seconds]
+    q1, q3 = _quartiles(ms)
+    median = statistics.median(ms)
+    return Measured(
+        a=median,
+        b=budget_ms,
+        ratio=median / budget_ms,
+        unit="ms",
+        spread=(q1 / budget_ms, q3 / budget_ms),
+        note=note,
+    )
+
+
 def _host_time(optimizer: str) -> Callable[[Settings], Measured]:
     def measure(s: Settings) -> Measured:
         case = _host.TritonHostCase(optimizer, layout(148, s.quick))
         out = timed_rounds(
             {"a": case.run}, rounds=s.repeat, warmup=HOST_WARMUP, max_seconds=s.row_seconds
         )["a"]["total"]
-        ms = [t * 1e3 for t in out]
-        q1, q3 = _quartiles(ms)
         launches = sum(case.launches.values()) / (len(out) + HOST_WARMUP + 1)
-        return Measured(
-            a=statistics.median(ms),
-            b=HOST_BUDGET_MS,
-            ratio=statistics.median(ms) / HOST_BUDGET_MS,
-            unit="ms",
-            spread=(q1 / HOST_BUDGET_MS, q3 / HOST_BUDGET_MS),
-            note=f"{case.n_tensors} tensors (GPT-2 small), launches stubbed, "
+        return _over_budget(
+            out,
+            HOST_BUDGET_MS,
+            f"{case.n_tensors} tensors (GPT-2 small), launches stubbed, "
             f"{launches:.0f} launch(es) per step, after {HOST_WARMUP} untimed steps",
         )
 
@@ -126,17 +137,11 @@ def _host_scaling(optimizer: str) -> Callable[[Settings], Measured]:
             big.run, small.run, repeat=s.repeat, warmup=HOST_WARMUP, max_seconds=s.row_seconds
         )
         steps = len(p.a) + HOST_WARMUP + 1
-        budget = SCALING * HOST_BUDGET_MS
-        ms = [t * 1e3 for t in p.a]
-        q1, q3 = _quartiles(ms)
         s1, s3 = p.spread()
-        return Measured(
-            a=statistics.median(ms),
-            b=budget,
-            ratio=statistics.median(ms) / budget,
-            unit="ms",
-            spread=(q1 / budget, q3 / budget),
-            note=f"{big.n_tensors} tensors / {small.n_tensors} (the same parameters, "
+        return _over_budget(
+            p.a,
+            SCALING * HOST_BUDGET_MS,
+            f"{big.n_tensors} tensors / {small.n_tensors} (the same parameters, "
             f"interleaved): {p.median_ratio:.2f} (IQR {s1:.2f}-{s3:.2f}), "
             f"{p.median_b * 1e3:.3f} ms at {small.n_tensors}; launches per step "
             f"{sum(big.launches.values()) / steps:.0f} at {big.n_tensors} tensors, "
