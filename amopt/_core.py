@@ -972,7 +972,13 @@ def am_adam_step(
     for k, scope in enumerate(scope_list):
         rule_xp = plain_namespace(xp)
         beta = _rule.adam_beta(
-            rule_xp, row(sums, k), config, lr=lr, weight_decay=wd, f_decrease=f_decrease
+            rule_xp,
+            row(sums, k),
+            config,
+            lr=lr,
+            weight_decay=wd,
+            f_decrease=f_decrease,
+            first=_first_step(state.step),
         )
         for i in scope:
             g, d, x, p = gs[i], ds[i], xs[i], ps[i]
@@ -987,6 +993,14 @@ def am_adam_step(
     )
     beta_ret = tuple(betas_out) if config.per_layer else betas_out[0]
     return restore(_narrow(xp, tuple(new_x), xs0), single), new_state, beta_ret
+
+
+def _first_step(step: Any) -> Any:
+    """Whether a state's next step is its first (``d = 0``): a Python bool where the
+    counter is a number (the rule then takes no extra operation), else an array."""
+    if isinstance(step, (int, np.integer)):
+        return bool(step == 0)
+    return step == 0
 
 
 def am_adam_host_init(params: Any) -> AMAdamState:
@@ -1093,7 +1107,14 @@ def am_adam_apply(
     exact = len(weights) == 3
     f_decrease = state.f_prev - f if exact else None
     beta = _host_rule(
-        _rule.adam_beta, rows, 3, config, lr=lr, weight_decay=wd, f_decrease=f_decrease
+        _rule.adam_beta,
+        rows,
+        3,
+        config,
+        lr=lr,
+        weight_decay=wd,
+        f_decrease=f_decrease,
+        first=_first_step(state.step),
     )
     beta = np.reshape(beta, (-1,))
     new_d, new_x = list(ds), list(xs)

@@ -38,12 +38,15 @@ __all__ = [
     "VARIANTS",
     "WEIGHT_DECAY_MODES",
     "adam_beta",
+    "adam_beta_first",
     "adam_correction",
     "adam_weights",
     "apply_variant",
     "guarded_ratio",
+    "lr_ratio",
     "momentum_beta",
     "momentum_beta_of_dots",
+    "momentum_beta_scheduled",
 ]
 
 Array = Any
@@ -65,20 +68,24 @@ ADAM_TERMS = ("g*g/p", "u*(d-g)^2", "g*d/p", "g*x", "d*x")
 ADAM_EXACT_TERMS = ("w*(d-g)*g", "u*(d-g)*d", "x*(d-g)")
 
 
-def guarded_ratio(xp: Any, num: Array, den: Array, ref: Array, beta_max: float) -> Array:
-    r"""``clip(num / den, 0, beta_max)``; 0 where ``den <= tiny * ref`` or the ratio is NaN.
+def guarded_ratio(
+    xp: Any, num: Array, den: Array, ref: Array, beta_max: float, degenerate: Any = 0.0
+) -> Array:
+    r"""``clip(num / den, 0, beta_max)``; ``degenerate`` where ``den <= tiny * ref``, 0
+    where the ratio is NaN.
 
     ``tiny = eps(dtype)^2`` of the sums' dtype (algorithms.md, section 2 step 4). A NaN
     only arises from overflowing sums (``inf / inf``); the momentum is then reset
-    rather than letting a NaN out of the rule.
+    rather than letting a NaN out of the rule. ``degenerate`` is the value of a
+    vanishing denominator: 0, except on AM-Adam's first step (:func:`adam_beta`).
     """
     tiny = float(xp.finfo(den.dtype).eps) ** 2
-    degenerate = den <= tiny * ref
-    ratio = num / xp.where(degenerate, 1.0, den)
+    vanishing = den <= tiny * ref
+    ratio = num / xp.where(vanishing, 1.0, den)
     # eight elementwise operations (on a device each is a launch), all of them in the
     # recorded rules' set (amopt._tape)
     beta = xp.where(xp.isnan(ratio), 0.0, xp.clip(ratio, 0.0, float(beta_max)))
-    return xp.where(degenerate, 0.0, beta)
+    return xp.where(vanishing, degenerate, beta)
 
 
 def apply_variant(xp: Any, beta: Array, cfg: Any) -> Array:
@@ -107,17 +114,20 @@ def momentum_beta(
     *,
     lr: float | None = None,
     f_decrease: Any = None,
+    lr_ratio: Any = None,
 ) -> tuple[Array, Array]:
     r"""AM-MGD / AM-MSGD: ``(beta, gamma)`` of each scope from its sums.
 
-    With :math:`v = d - g` and the sums :data:`MOMENTUM_SUMS`,
+    With :math:`v = d - g`, the sums :data:`MOMENTUM_SUMS` and
+    :math:`r = \eta_{t-1} / \eta_t` (``lr_ratio``),
 
     .. math::
 
         \text{num} = \begin{cases}
             (f_{prev} - f)(1+\lambda)/\eta - (\langle v,g\rangle + \lambda\langle v,d\rangle)
                 & \text{exact (``f_decrease`` given)} \\
-            (1+\lambda)\langle g,g\rangle - \lambda\langle v,v\rangle & \text{linearised}
+            (1+\lambda) r \langle g,d\rangle - \langle v, g + \lambda d\rangle
+                & \text{linearised}
         \end{cases} \\
         \beta = \operatorname{clip}(\text{num} / \langle v,v\rangle, 0, \beta_{\max}),
         \qquad \gamma = \frac{\beta + \lambda}{1 + \lambda},
@@ -137,6 +147,16 @@ def momentum_beta(
         :math:`\eta`, with ``f_decrease``.
     f_decrease : scalar, optional
         :math:`f(x_{t-1}) - f(x_t)`: the exact numerator.
+    lr_ratio : scalar or array, optional
+        :math:`r = \eta_{t-1}/\eta_t` of the linearised numerator (algorithms.md,
+        section 2 step 3): it estimates :math:`f(x_{t-1}) - f(x_t)` by
+        :math:`\eta_{t-1}\langle g, d\rangle`, the step that moved :math:`x` to
+        :math:`x_t`. ``None`` or the number 1 (a constant learning rate): the
+        constant-lr form :math:`(1+\lambda)\langle g,g\rangle - \lambda\langle
+        v,v\rangle`, which it equals at :math:`r = 1`; otherwise that form plus
+        :math:`(r - 1)(1+\lambda)\langle g,d\rangle`, with :math:`\langle g,d\rangle
+        = (\langle d,d\rangle + \langle g,g\rangle - \langle v,v\rangle)/2` from the
+        sums every reduce forms (an array ``r`` equal to 1 adds an exact 0).
 
     Returns
     -------
@@ -146,12 +166,30 @@ def momentum_beta(
     vv, gg, dd = sums[..., 0], sums[..., 1], sums[..., 2]
     if f_decrease is None:
         num = (1.0 + lam) * gg - lam * vv
+        if not _is_one(lr_ratio):
+            # <g, d> by polarisation of the three sums of squares: no new reduction
+            num = num + (lr_ratio - 1.0) * (1.0 + lam) * (0.5 * ((dd + gg) - vv))
     else:
         num = f_decrease * (1.0 + lam) / lr - (sums[..., 3] + lam * sums[..., 4])
         # a float64 f_decrease must not promote a float32 scope
         num = cast(xp, num, sums.dtype)
     beta = apply_variant(xp, guarded_ratio(xp, num, vv, dd + gg, cfg.beta_max), cfg)
     return beta, (beta + lam) / (1.0 + lam)
+
+
+def _is_one(value: Any) -> bool:
+    """Whether a learning-rate ratio is absent or the number 1 (no array: an array may
+    hold any value and is used as it is)."""
+    return value is None or (isinstance(value, (int, float)) and value == 1.0)
+
+
+def momentum_beta_scheduled(xp: Any, sums: Array, cfg: Any) -> tuple[Array, Array]:
+    r""":func:`momentum_beta` (linearised) with the learning-rate ratio :math:`r` as a
+    fourth input: ``sums[..., :3]`` are :math:`\langle v,v\rangle, \langle
+    g,g\rangle, \langle d,d\rangle` and ``sums[..., 3]`` is :math:`r`. The form the
+    kernels record (:mod:`amopt._tape`), so that a new learning rate needs no new kernel.
+    """
+    return momentum_beta(xp, sums, cfg, lr_ratio=sums[..., 3])
 
 
 class _Columns:
@@ -195,7 +233,7 @@ def momentum_beta_of_dots(
 
 
 def adam_weights(
-    cfg: Any, *, lr: float, weight_decay: float, exact: bool = False
+    cfg: Any, *, lr: float, weight_decay: float, exact: bool = False, lr_ratio: Any = 1.0
 ) -> tuple[float, ...]:
     r"""Weights :math:`a_k` of the AM-Adam(W) numerator's elementwise terms.
 
@@ -206,16 +244,33 @@ def adam_weights(
     .. math::
 
         N = \textstyle\sum \frac{g^2}{p} - \lambda u (d-g)^2 + \mu\eta\frac{g d}{p}
-            + \mu(2+\mu\eta) g x - \mu d x,
+            + \mu(2+\mu\eta) g x - \mu d x
+            + (r - 1)(1 + \mu\eta)\big(\frac{g d}{p} + \mu g x\big),
         \qquad N_{exact} = (1+\mu\eta)\frac{f_{prev}-f}{\eta}
-            - \sum w(d-g)g - \lambda \sum u (d-g) d - \mu \sum x(d-g).
+            - \sum w(d-g)g - \lambda \sum u (d-g) d - \mu \sum x(d-g),
 
-    A zero weight means the term may be skipped.
+    with :math:`\eta = \eta_t` and :math:`r = \eta_{t-1}/\eta_t` (``lr_ratio``):
+    Supplement D's estimate :math:`\hat f - f = \eta_{t-1} g^\top(P^{-1}d + \mu x)`
+    takes the previous step's learning rate. At :math:`r = 1` (a constant learning
+    rate, a scope's first step, :math:`\eta_t = 0`) the last term is absent. A zero
+    weight means the term may be skipped.
     """
     lam, wd = float(cfg.lam), float(weight_decay)
     if exact:
         return (-1.0, -lam, -wd)
-    return (1.0, -lam, wd * lr, wd * (2.0 + wd * lr), -wd)
+    if lr_ratio == 1.0:
+        return (1.0, -lam, wd * lr, wd * (2.0 + wd * lr), -wd)
+    extra = (lr_ratio - 1.0) * (1.0 + wd * lr)
+    return (1.0, -lam, wd * lr + extra, wd * (2.0 + wd * lr) + wd * extra, -wd)
+
+
+def lr_ratio(prev_lr: Any, lr: Any) -> Any:
+    r""":math:`r = \eta_{t-1} / \eta_t` of two learning rates (Python numbers): 1 where
+    there is no previous step (``prev_lr`` None) or :math:`\eta_t = 0` (algorithms.md,
+    section 2 step 3)."""
+    if prev_lr is None or lr == 0:
+        return 1.0
+    return float(prev_lr) / float(lr)
 
 
 def adam_correction(prod: Array, cfg: Any) -> Array:
@@ -231,6 +286,7 @@ def adam_beta(
     lr: float | None = None,
     weight_decay: float = 0.0,
     f_decrease: Any = None,
+    first: Any = None,
 ) -> Array:
     r"""AM-Adam(W): beta of each scope from its sums :data:`ADAM_SUMS`.
 
@@ -238,15 +294,38 @@ def adam_beta(
 
         \beta = \operatorname{clip}(N / D, 0, \beta_{1,\max}),
 
-    0 when :math:`D \le \epsilon^2 (\sum w d^2 + \sum w g^2)`, then the variant. ``N``
-    is ``sums[..., 0]`` (weighted by :func:`adam_weights`), plus
-    :math:`(1+\mu\eta)(f_{prev}-f)/\eta` for the exact numerator (``f_decrease``).
-    The momentum update is :math:`d \leftarrow g + \frac{\beta + \lambda p}{1 +
-    \lambda p}(d - g)` (elementwise, in the apply kernel) and the running product
-    :math:`\pi \leftarrow \pi\beta`.
+    when :math:`D \le \epsilon^2 (\sum w d^2 + \sum w g^2)` 0, or :math:`\beta_{1,\max}`
+    on a scope's first step (``first``), then the variant. ``N`` is ``sums[..., 0]``
+    (weighted by :func:`adam_weights`), plus :math:`(1+\mu\eta)(f_{prev}-f)/\eta` for
+    the exact numerator (``f_decrease``). The momentum update is :math:`d \leftarrow g
+    + \frac{\beta + \lambda p}{1 + \lambda p}(d - g)` (elementwise, in the apply
+    kernel) and the running product :math:`\pi \leftarrow \pi\beta`.
+
+    ``first`` (nonzero on a scope's first step, where :math:`d = 0` and :math:`N = D`
+    for every nonzero :math:`g`; a number or an array over the scopes; ``None``: no
+    first step) gives a vanishing :math:`D` there, a gradient that is exactly zero
+    (a zero-initialised layer), the limit :math:`\beta_{1,\max}` rather than 0, so that
+    the product :math:`\pi` keeps Adam's first bias correction (algorithms.md, section 3
+    step 5): :math:`\pi = 0` would remove it for good.
     """
     num, den, ref = sums[..., 0], sums[..., 1], sums[..., 2]
     if f_decrease is not None:
         num = num + (1.0 + weight_decay * lr) * f_decrease / lr
         num = cast(xp, num, sums.dtype)
-    return apply_variant(xp, guarded_ratio(xp, num, den, ref, cfg.beta_max), cfg)
+    degenerate: Any = 0.0
+    if first is not None:
+        cap = float(cfg.beta_max)
+        if isinstance(first, (bool, int, float)):
+            degenerate = cap if first else 0.0
+        else:  # in the sums' dtype (a Python cap in where would give torch's default one)
+            degenerate = xp.where(first != 0, xp.full_like(den, cap), xp.zeros_like(den))
+    return apply_variant(xp, guarded_ratio(xp, num, den, ref, cfg.beta_max, degenerate), cfg)
+
+
+def adam_beta_first(
+    xp: Any, sums: Array, cfg: Any, *, lr: float | None = None, weight_decay: float = 0.0
+) -> Array:
+    r""":func:`adam_beta` (linearised) with the first-step flag as a fourth input:
+    ``sums[..., :3]`` are :data:`ADAM_SUMS`, ``sums[..., 3]`` is nonzero on the scope's
+    first step. The form the kernels record (:mod:`amopt._tape`)."""
+    return adam_beta(xp, sums, cfg, lr=lr, weight_decay=weight_decay, first=sums[..., 3])

@@ -66,6 +66,20 @@ def _apply_variant(beta, variant, beta_min, theta, beta_high, beta_low):
     raise ValueError(f"unknown variant {variant!r}")
 
 
+def _lr_at(lr, t):
+    """The learning rate of step ``t``: ``lr`` itself, or ``lr[t]`` for a schedule."""
+    if np.ndim(lr) == 0:
+        return float(lr)
+    return float(lr[t])
+
+
+def _lr_ratio(lr, t):
+    """``r = lr_{t-1} / lr_t`` (sections 2 and 3): 1 on the first step and where lr_t = 0."""
+    if t == 0 or _lr_at(lr, t) == 0:
+        return 1.0
+    return _lr_at(lr, t - 1) / _lr_at(lr, t)
+
+
 def _betas_array(betas, per_layer, n_arrays):
     """Stack the per-step lists of scope betas into the documented shape."""
     if per_layer:
@@ -155,7 +169,9 @@ def run_am_mgd(
 
     ``numerator`` is ``"exact"`` (needs f values; the first step, which has no
     ``f_prev``, uses the linearised numerator) or ``"linear"``. When ``d0`` is
-    given it is the initial ``d`` and step 0 does not set ``d = g``.
+    given it is the initial ``d`` and step 0 does not set ``d = g``. ``lr`` is a
+    number or a schedule (``lr[t]`` for step t); the linearised numerator then takes
+    ``r = lr[t-1] / lr[t]`` (section 2 step 3).
     """
     if numerator not in ("exact", "linear"):
         raise ValueError(f"unknown numerator {numerator!r}")
@@ -169,6 +185,8 @@ def run_am_mgd(
     for t in range(n_steps):
         # step 1
         f, g = _evaluate(oracle, x, t)
+        lr_t = _lr_at(lr, t)
+        r = _lr_ratio(lr, t)
         for i in range(n):
             g[i] = g[i] + weight_decay * x[i]
         if t == 0 and d0 is None:
@@ -183,17 +201,21 @@ def run_am_mgd(
             dd = 0.0
             gg = 0.0
             vg = 0.0
+            gd = 0.0
             for i in scope:
                 den += np.sum(v[i] * v[i])
                 dd += np.sum(d[i] * d[i])
                 gg += np.sum(g[i] * g[i])
                 vg += np.sum(v[i] * (g[i] + lam * d[i]))
+                gd += np.sum(g[i] * d[i])
 
             # step 3
             if numerator == "exact" and f_prev is not None:
-                num = (f_prev - f) * (1 + lam) / lr - vg
-            else:
+                num = (f_prev - f) * (1 + lam) / lr_t - vg
+            elif r == 1.0:
                 num = (1 + lam) * gg - lam * den
+            else:  # the general form, with the previous step's learning rate
+                num = (1 + lam) * r * gd - vg
 
             # step 4, then the variant
             beta = am_beta(num, den, dd, gg, beta_max)
@@ -206,7 +228,7 @@ def run_am_mgd(
 
         # step 6
         for i in range(n):
-            x[i] = x[i] - lr * d[i]
+            x[i] = x[i] - lr_t * d[i]
         f_prev = f
         xs.append(_copy(x))
         betas.append(step_betas)
@@ -335,7 +357,9 @@ def run_am_adam(
 
     ``weight_decay_mode`` is ``"decoupled"``, ``"proximal"`` or ``"l2"``; the
     last one is AM-Adam with an L2 penalty: ``weight_decay * x`` is added to
-    ``g`` and the formulas use ``wd = 0``.
+    ``g`` and the formulas use ``wd = 0``. ``lr`` is a number or a schedule
+    (``lr[k]`` for the step k = 0, 1, ...): the linearised numerator then carries
+    ``r = lr[k-1] / lr[k]`` (section 3 step 4).
     """
     if numerator not in ("exact", "linear"):
         raise ValueError(f"unknown numerator {numerator!r}")
@@ -355,6 +379,8 @@ def run_am_adam(
     conds = []
     for k in range(n_steps):
         t = k + 1
+        lr_k = _lr_at(lr, k)
+        r = _lr_ratio(lr, k)
         f, g = _evaluate(oracle, x, k)
         if weight_decay_mode == "l2":
             for i in range(n):
@@ -385,13 +411,20 @@ def run_am_adam(
             wdd = 0.0
             wgg = 0.0
             for i in scope:
-                N += np.sum(
-                    g[i] * g[i] / p[i]
-                    - lam * u[i] * (d[i] - g[i]) ** 2
-                    + wd * lr * g[i] * d[i] / p[i]
-                    + wd * (2 + wd * lr) * g[i] * x[i]
-                    - wd * d[i] * x[i]
-                )
+                if r == 1.0:
+                    N += np.sum(
+                        g[i] * g[i] / p[i]
+                        - lam * u[i] * (d[i] - g[i]) ** 2
+                        + wd * lr_k * g[i] * d[i] / p[i]
+                        + wd * (2 + wd * lr_k) * g[i] * x[i]
+                        - wd * d[i] * x[i]
+                    )
+                else:  # the general N of step 4, with the previous step's learning rate
+                    N += np.sum(
+                        r * (1 + wd * lr_k) * (g[i] * d[i] / p[i] + wd * g[i] * x[i])
+                        - w[i] * (d[i] - g[i]) * (g[i] + lam * p[i] * d[i])
+                        - wd * x[i] * (d[i] - g[i])
+                    )
                 D += np.sum(w[i] * (d[i] - g[i]) ** 2)
                 wdd += np.sum(w[i] * d[i] ** 2)
                 wgg += np.sum(w[i] * g[i] ** 2)
@@ -401,15 +434,19 @@ def run_am_adam(
                 for i in scope:
                     vg_w += np.sum(w[i] * (d[i] - g[i]) * (g[i] + lam * p[i] * d[i]))
                     xv += np.sum(x[i] * (d[i] - g[i]))
-                N = (1 + wd * lr) * (f_prev - f) / lr - vg_w - wd * xv
+                N = (1 + wd * lr_k) * (f_prev - f) / lr_k - vg_w - wd * xv
             step_conds.append(
                 _adam_beta_condition(
-                    g, d, x, p, u, w, scope, N, D, lam, wd, lr, f, f_prev, numerator, beta1_max
+                    g, d, x, p, u, w, scope, N, D, lam, wd, lr_k, f, f_prev, numerator, beta1_max
                 )
             )
 
-            # step 5, then the variant
-            beta = am_beta(N, D, wdd, wgg, beta1_max)
+            # step 5, then the variant; on the scope's first step (d = 0) a vanishing D
+            # (a gradient that is exactly zero) gives beta1_max, the limit of N / D = 1
+            if k == 0 and D <= tiny * (wdd + wgg):
+                beta = beta1_max
+            else:
+                beta = am_beta(N, D, wdd, wgg, beta1_max)
             beta = _apply_variant(beta, variant, beta_min, theta, beta_high, beta_low)
             step_betas.append(beta)
 
@@ -418,9 +455,9 @@ def run_am_adam(
                 d[i] = g[i] + (beta + lam * p[i]) / (1 + lam * p[i]) * (d[i] - g[i])
                 # step 7
                 if weight_decay_mode == "proximal":
-                    x[i] = (x[i] - lr * d[i] / p[i]) / (1 + lr * wd)
+                    x[i] = (x[i] - lr_k * d[i] / p[i]) / (1 + lr_k * wd)
                 else:
-                    x[i] = (1 - lr * wd) * x[i] - lr * d[i] / p[i]
+                    x[i] = (1 - lr_k * wd) * x[i] - lr_k * d[i] / p[i]
 
             # step 8
             beta1_prod[s] *= beta
