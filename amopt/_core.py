@@ -265,7 +265,7 @@ def heavy_ball_step(
 
 
 class AMState(NamedTuple):
-    """State of AM-MGD / AM-MSGD; the same structure at every step.
+    r"""State of AM-MGD / AM-MSGD; the same structure at every step.
 
     Attributes
     ----------
@@ -277,12 +277,16 @@ class AMState(NamedTuple):
         :math:`f(x_{t-1})` for the exact numerator; NaN until an f value is known.
     d_from_g : bool
         Whether step 0 sets ``d = g`` (the default) instead of using ``d`` as given.
+    lr_prev : float
+        The learning rate of the previous step, for the linearised numerator's
+        :math:`r = \eta_{t-1}/\eta_t` under a schedule; NaN before the first step.
     """
 
     step: int
     d: tuple[Array, ...]
     f_prev: Any = math.nan
     d_from_g: bool = True
+    lr_prev: float = math.nan
 
 
 def am_momentum_init(params: Any, d0: Any = None) -> AMState:
@@ -296,6 +300,12 @@ def am_momentum_init(params: Any, d0: Any = None) -> AMState:
         return AMState(0, tuple(xp.zeros_like(x) for x in xs), math.nan, True)
     ds, _ = as_tuple(d0)
     return AMState(0, tuple(ds), math.nan, False)
+
+
+def _lr_ratio(state: Any, lr: float) -> float:
+    """``r = lr_{t-1} / lr_t`` of a state's next step (1 before its first step)."""
+    prev = state.lr_prev
+    return _rule.lr_ratio(None if prev != prev else prev, lr)
 
 
 def _f_decrease(numerator: str, f: Any, f_prev: Any) -> Any:
@@ -381,6 +391,9 @@ def am_momentum_step(
     f_decrease = _f_decrease(config.numerator, f, state.f_prev)
     first = state.step == 0 and state.d_from_g
     f_next = math.nan if f is None else f
+    # under a schedule the linearised numerator takes r = lr_{t-1} / lr_t
+    lr_ratio = _lr_ratio(state, lr) if f_decrease is None else 1.0
+    lr_used = float(lr)
 
     if _numpy_fast.eligible(xs, gs, state.d):
         # Plain NumPy arrays: the same reduce -> rule -> apply with fewer passes over
@@ -390,9 +403,9 @@ def am_momentum_step(
             gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
         ds = gs if first else state.d
         new_x, new_ds, betas = _numpy_fast.am_momentum_step_numpy(
-            xs, gs, ds, config, lr=lr, f_decrease=f_decrease
+            xs, gs, ds, config, lr=lr, f_decrease=f_decrease, lr_ratio=lr_ratio
         )
-        new_state = AMState(state.step + 1, new_ds, f_next, state.d_from_g)
+        new_state = AMState(state.step + 1, new_ds, f_next, state.d_from_g, lr_used)
         return restore(new_x, single), new_state, (tuple(betas) if config.per_layer else betas[0])
 
     xp = array_namespace(*xs, *gs)
@@ -404,7 +417,12 @@ def am_momentum_step(
     betas = []
     for k, scope in enumerate(scope_list):
         beta, gamma = _rule.momentum_beta(
-            plain_namespace(xp), row(sums, k), config, lr=lr, f_decrease=f_decrease
+            plain_namespace(xp),
+            row(sums, k),
+            config,
+            lr=lr,
+            f_decrease=f_decrease,
+            lr_ratio=lr_ratio,
         )
         for i in scope:
             coef = cast(xp, gamma, gs[i].dtype)
@@ -412,7 +430,7 @@ def am_momentum_step(
             new_d[i] = gs[i] + coef * (ds[i] - gs[i])
         betas.append(beta)
     new_x = tuple(x - lr * d for x, d in zip(xs, new_d, strict=True))
-    new_state = AMState(state.step + 1, tuple(new_d), f_next, state.d_from_g)
+    new_state = AMState(state.step + 1, tuple(new_d), f_next, state.d_from_g, lr_used)
     return restore(new_x, single), new_state, (tuple(betas) if config.per_layer else betas[0])
 
 
@@ -786,7 +804,7 @@ def adam_step(
 
 
 class AMAdamState(NamedTuple):
-    """State of AM-Adam / AM-AdamW; the same structure at every step.
+    r"""State of AM-Adam / AM-AdamW; the same structure at every step.
 
     Attributes
     ----------
@@ -798,6 +816,9 @@ class AMAdamState(NamedTuple):
         1, in the accumulation dtype); the arrays of a global scope hold equal values.
     f_prev : float
         Previous objective value, for the exact numerator; NaN until known.
+    lr_prev : float
+        The learning rate of the previous step, for the linearised numerator's
+        :math:`r = \eta_{t-1}/\eta_t` under a schedule; NaN before the first step.
     """
 
     step: int
@@ -805,6 +826,7 @@ class AMAdamState(NamedTuple):
     exp_avg_sq: tuple[Array, ...]
     beta1_prod: tuple[Array, ...]
     f_prev: Any = math.nan
+    lr_prev: float = math.nan
 
 
 def am_adam_init(params: Any) -> AMAdamState:
@@ -964,7 +986,8 @@ def am_adam_step(
         for i in scope:
             ps[i] = cast(xp, c, vs[i].dtype) * (eps + xp.sqrt(vs[i] / bias2))
         prods.append(prod)
-    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, exact=exact)
+    ratio = 1.0 if exact else _lr_ratio(state, lr)  # r = lr_{t-1} / lr_t under a schedule
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, exact=exact, lr_ratio=ratio)
     sums = adam_sums(xp, gs, ds, xs, ps, scope_list, lam=lam, weights=weights, exact=exact)
     new_d, new_x = list(ds), list(xs)
     new_prods: list[Array] = list(state.beta1_prod)
@@ -989,7 +1012,12 @@ def am_adam_step(
         betas_out.append(beta)
     f_next = math.nan if f is None else f
     new_state = AMAdamState(
-        t, _narrow(xp, tuple(new_d), xs0), _narrow(xp, vs, xs0), tuple(new_prods), f_next
+        t,
+        _narrow(xp, tuple(new_d), xs0),
+        _narrow(xp, vs, xs0),
+        tuple(new_prods),
+        f_next,
+        float(lr),
     )
     beta_ret = tuple(betas_out) if config.per_layer else betas_out[0]
     return restore(_narrow(xp, tuple(new_x), xs0), single), new_state, beta_ret

@@ -143,7 +143,9 @@ def _exact_rule(xp: Any, sums: Any, base: Any, cfg: Any, lr: float) -> Any:
 _last_rule: tuple[Any, ...] = (None, None, None, None, None)
 
 
-def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -> tuple:
+def _one_scope_rule(
+    sums: np.ndarray, config: Any, lr: float, f_decrease: Any, lr_ratio: float = 1.0
+) -> tuple:
     """``momentum_beta(np, sums, ...)`` of one scope, as 0-d float64 arrays.
 
     Run as the rule's tape in Python floats (the same IEEE operations, bit for bit,
@@ -152,6 +154,8 @@ def _one_scope_rule(sums: np.ndarray, config: Any, lr: float, f_decrease: Any) -
     """
     global _last_rule
     rule = _rule.momentum_beta
+    if lr_ratio != 1.0:  # a learning-rate schedule: the rule itself, with r
+        return rule(np, sums, config, lr=lr, f_decrease=f_decrease, lr_ratio=lr_ratio)
     values = sums.tolist()
     exact = f_decrease is not None
     if exact and type(f_decrease) not in (float, np.float64):
@@ -185,6 +189,7 @@ def am_momentum_step_numpy(
     *,
     lr: float,
     f_decrease: Any,
+    lr_ratio: float = 1.0,
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], list[np.ndarray]]:
     """One AM step on NumPy arrays: ``(new_x, new_d, betas)``, one beta per scope.
 
@@ -198,7 +203,7 @@ def am_momentum_step_numpy(
         # the common case of minimize, in straight-line code
         x, g = xs[0], gs[0]
         v, sums = _sums_small(g, ds[0], exact, with_vd)
-        beta, gamma = _one_scope_rule(sums, config, lr, f_decrease)
+        beta, gamma = _one_scope_rule(sums, config, lr, f_decrease, lr_ratio)
         np.multiply(v, gamma.astype(v.dtype, copy=False), out=v)
         np.add(g, v, out=v)
         step = np.multiply(v, lr)
@@ -220,7 +225,9 @@ def am_momentum_step_numpy(
                 parts = _sums_blocked(g, d, exact, with_vd)
             # the scope sums start from the first array's, as in amopt._reduce
             sums = parts if sums is None else sums + parts
-        beta, gamma = _rule.momentum_beta(np, sums, config, lr=lr, f_decrease=f_decrease)
+        beta, gamma = _rule.momentum_beta(
+            np, sums, config, lr=lr, f_decrease=f_decrease, lr_ratio=lr_ratio
+        )
         coef = gamma.astype(xs[scope[0]].dtype, copy=False)
         for i in scope:
             v = small.get(i)

@@ -38,7 +38,6 @@ __all__ = [
     "VARIANTS",
     "WEIGHT_DECAY_MODES",
     "adam_beta",
-    "adam_beta_first",
     "adam_correction",
     "adam_weights",
     "apply_variant",
@@ -46,7 +45,6 @@ __all__ = [
     "lr_ratio",
     "momentum_beta",
     "momentum_beta_of_dots",
-    "momentum_beta_scheduled",
 ]
 
 Array = Any
@@ -183,15 +181,6 @@ def _is_one(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and value == 1.0)
 
 
-def momentum_beta_scheduled(xp: Any, sums: Array, cfg: Any) -> tuple[Array, Array]:
-    r""":func:`momentum_beta` (linearised) with the learning-rate ratio :math:`r` as a
-    fourth input: ``sums[..., :3]`` are :math:`\langle v,v\rangle, \langle
-    g,g\rangle, \langle d,d\rangle` and ``sums[..., 3]`` is :math:`r`. The form the
-    kernels record (:mod:`amopt._tape`), so that a new learning rate needs no new kernel.
-    """
-    return momentum_beta(xp, sums, cfg, lr_ratio=sums[..., 3])
-
-
 class _Columns:
     """``sums[..., k]`` made of given columns (arrays, or a tape's recorded values)."""
 
@@ -258,7 +247,7 @@ def adam_weights(
     lam, wd = float(cfg.lam), float(weight_decay)
     if exact:
         return (-1.0, -lam, -wd)
-    if lr_ratio == 1.0:
+    if isinstance(lr_ratio, (int, float)) and lr_ratio == 1.0:
         return (1.0, -lam, wd * lr, wd * (2.0 + wd * lr), -wd)
     extra = (lr_ratio - 1.0) * (1.0 + wd * lr)
     return (1.0, -lam, wd * lr + extra, wd * (2.0 + wd * lr) + wd * extra, -wd)
@@ -320,12 +309,3 @@ def adam_beta(
         else:  # in the sums' dtype (a Python cap in where would give torch's default one)
             degenerate = xp.where(first != 0, xp.full_like(den, cap), xp.zeros_like(den))
     return apply_variant(xp, guarded_ratio(xp, num, den, ref, cfg.beta_max, degenerate), cfg)
-
-
-def adam_beta_first(
-    xp: Any, sums: Array, cfg: Any, *, lr: float | None = None, weight_decay: float = 0.0
-) -> Array:
-    r""":func:`adam_beta` (linearised) with the first-step flag as a fourth input:
-    ``sums[..., :3]`` are :data:`ADAM_SUMS`, ``sums[..., 3]`` is nonzero on the scope's
-    first step. The form the kernels record (:mod:`amopt._tape`)."""
-    return adam_beta(xp, sums, cfg, lr=lr, weight_decay=weight_decay, first=sums[..., 3])

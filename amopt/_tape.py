@@ -26,7 +26,17 @@ import numpy as np
 
 from amopt import _rule
 
-__all__ = ["INSN", "OPS", "Tape", "c_source", "trace", "traced", "triton_source", "python_rule"]
+__all__ = [
+    "INSN",
+    "OPS",
+    "Tape",
+    "c_source",
+    "input_rule",
+    "python_rule",
+    "trace",
+    "traced",
+    "triton_source",
+]
 
 #: Operation codes (``amopt/torch/csrc/am_fused_common.h`` has the same table).
 OPS = (
@@ -209,6 +219,19 @@ def trace(
     if len(tape.rows) > MAX_LENGTH:
         return None
     return tape
+
+
+def input_rule(xp: Any, sums: Any, cfg: Any, *, base: Any, name: str, **kwargs: Any) -> Any:
+    """``base(xp, sums, cfg, name=sums[..., 3], **kwargs)``: a rule whose keyword argument
+    ``name`` is recorded as the scope's fourth input, after its three sums.
+
+    What changes from step to step without changing the rule (the learning-rate ratio of
+    the linearised numerators, AM-Adam's first-step flag) is then an input of the tape
+    rather than a constant: one kernel serves every step. ``base`` is the rule looked
+    up in :mod:`amopt._rule` by the caller when the step runs (and part of the cache
+    key), so a replaced rule is the one recorded.
+    """
+    return base(xp, sums, cfg, **{name: sums[..., 3]}, **kwargs)
 
 
 @functools.lru_cache(maxsize=64)

@@ -22,12 +22,12 @@ from amopt.torch import AMSGD, AMAdam, AMAdamW
 MARK = 0.3125  # exactly representable in every float type
 
 
-def _marked_momentum(xp, sums, cfg, *, lr=None, f_decrease=None):
+def _marked_momentum(xp, sums, cfg, *, lr=None, f_decrease=None, lr_ratio=None):
     beta = xp.zeros_like(sums[..., 0]) + MARK
     return beta, (beta + cfg.lam) / (1.0 + cfg.lam)
 
 
-def _marked_adam(xp, sums, cfg, *, lr=None, weight_decay=0.0, f_decrease=None):
+def _marked_adam(xp, sums, cfg, *, lr=None, weight_decay=0.0, f_decrease=None, first=None):
     return xp.zeros_like(sums[..., 0]) + MARK
 
 

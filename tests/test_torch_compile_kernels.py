@@ -208,7 +208,7 @@ def test_a_tensor_lr_is_read_when_the_operator_runs_and_refused_under_capture(mo
     from amopt.torch import _fused_ops
     from amopt.torch._records import rule_numbers
 
-    numbers = [0.0, 0.0, *rule_numbers(AMConfig())]
+    numbers = [0.0, 1.0, 0.0, *rule_numbers(AMConfig())]  # lr, lr_ratio, weight_decay, rule
     h = _fused_ops._sgd_hyper(numbers, torch.tensor(0.25), False, False, None)
     assert h.lr == 0.25
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -217,5 +217,6 @@ def test_a_tensor_lr_is_read_when_the_operator_runs_and_refused_under_capture(mo
         _fused_ops._sgd_hyper(numbers, torch.tensor(0.25), False, False, None)
     with pytest.raises(ValueError, match="lr as a Tensor"):
         _fused_ops._adam_hyper(
-            [0.0, 0.999, 1e-8, *numbers[1:]], torch.tensor(0.25), "decoupled", False, False, None
+            [0.0, 1.0, 0.999, 1e-8, *numbers[2:]], torch.tensor(0.25), "decoupled", False, False,
+            None,
         )

@@ -639,8 +639,9 @@ def test_the_rule_is_looked_up_at_call_time(kind, monkeypatch):
             wd=0.1, mode="decoupled", maximize=False, per_layer=True, force_beta=0.25,
         )["x"]  # fmt: skip
         assert _betas(run.prods) == [0.25] * len(xs)
-    # called on every scope's sums, or recorded once for one scope (the rule kernel)
-    assert calls and calls[0] in ((len(SHAPES), 3), (3,))
+    # called on every scope's sums, or recorded once for one scope (the rule kernel; AM-Adam's
+    # with the first-step flag a fourth input)
+    assert calls and calls[0] in ((len(SHAPES), 3), (3,), (4,))
     assert _betas(betas) == [0.25] * len(xs)
     _assert_close(run.x, want, 64 * _eps(torch.float64), "x")
 

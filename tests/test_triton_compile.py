@@ -74,9 +74,10 @@ def _record_and_compile() -> list[dict]:
 
             return launch
 
-    def rule_kernels(rule, config, dtype):
-        # the rule kernels the drivers make (one per rule, configuration and dtype)
-        kernel = kernels["rule"](rule, config, dtype)
+    def rule_kernels(rule, config, dtype, extra=None):
+        # the rule kernels the drivers make (one per rule, configuration, dtype and extra
+        # input: the learning-rate ratio, the first-step flag)
+        kernel = kernels["rule"](rule, config, dtype, extra=extra)
         return None if kernel is None else Recorder("rule", kernel)
 
     recorders = {

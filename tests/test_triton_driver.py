@@ -587,7 +587,8 @@ def test_the_triton_operators_pass_opcheck():
         None,
         None,
         torch.tensor(1e-2, dtype=torch.float64),
-        [0.0, 0.99, 1e-8, 0.01, *numbers_rule],
+        torch.tensor(2e-2, dtype=torch.float64),  # the previous lr, with a tensor lr
+        [0.0, 0.0, 0.99, 1e-8, 0.01, *numbers_rule],
         "decoupled",
         False,
         True,
@@ -602,7 +603,8 @@ def test_the_triton_operators_pass_opcheck():
         None,
         None,
         None,
-        [0.05, 0.0, *numbers_rule],
+        None,
+        [0.05, 1.25, 0.0, *numbers_rule],
         False,
         False,
         None,
@@ -611,16 +613,16 @@ def test_the_triton_operators_pass_opcheck():
     layers_adam = (
         *adam_args[:6],
         [torch.zeros((), dtype=torch.float64) for _ in params],
-        *adam_args[6:11],
-        adam_args[11],
-        adam_args[13],
+        *adam_args[6:12],
+        adam_args[12],
+        adam_args[14],
     )
     torch.library.opcheck(_fused_ops._triton_am_adamw_layers_op, layers_adam)
     layers_sgd = (
         *sgd_args[:4],
         [torch.zeros((), dtype=torch.float64) for _ in params],
-        *sgd_args[4:9],
-        sgd_args[10],
+        *sgd_args[4:10],
+        sgd_args[11],
     )
     torch.library.opcheck(_fused_ops._triton_amsgd_layers_op, layers_sgd)
 
@@ -630,9 +632,9 @@ def _layers_adam_args():
     params = [p.detach() for p in _params(3)]
     exp_avgs, exp_avg_sqs, steps, prods = _adam_state(params)
     betas = [torch.zeros((), dtype=torch.float64) for _ in params]
-    numbers = [1e-2, 0.99, 1e-8, 0.01, 0.1, 0.9, 0.5, 0.7, 0.9, 0.1]
+    numbers = [1e-2, 1.0, 0.99, 1e-8, 0.01, 0.1, 0.9, 0.5, 0.7, 0.9, 0.1]
     return (params, _grads(params, 0), exp_avgs, exp_avg_sqs, steps, prods, betas, None, None,
-            None, numbers, "decoupled", False, None)  # fmt: skip
+            None, None, numbers, "decoupled", False, None)  # fmt: skip
 
 
 def test_the_operators_run_their_kernel_without_python_layers_between():

@@ -34,6 +34,7 @@ from amopt.torch._common import (
     chunks,
     default_path,
     hyper_lr,
+    hyper_ratio,
     new_step,
     plan_flags,
     real_dtype,
@@ -78,7 +79,7 @@ def _config(group: dict[str, Any]) -> AMConfig:
     return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
-def _group_hyper(group: dict[str, Any], lr: Any, beta2: float) -> AdamHyper:
+def _group_hyper(group: dict[str, Any], lr: Any, beta2: float, lr_ratio: float = 1.0) -> AdamHyper:
     """The hyper-parameters of a step of ``group`` (the Triton driver's own records)."""
     return AdamHyper(
         lr,
@@ -88,6 +89,7 @@ def _group_hyper(group: dict[str, Any], lr: Any, beta2: float) -> AdamHyper:
         group["weight_decay_mode"],
         group["maximize"],
         _config(group),
+        lr_ratio,
     )
 
 
@@ -408,11 +410,13 @@ class AMAdamW(AMOptimizerBase):
                 and torch.compiler.is_compiling()
                 and _fused_ops.layers_op_applies(group, params, process_group)
             ):  # one graph node, which stores the betas and products itself
-                h = _group_hyper(group, hyper_lr(group["lr"], path), beta2)
+                ratio = self._lr_ratio(group, params)
+                h = _group_hyper(group, hyper_lr(group["lr"], path), beta2, ratio)
                 t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
                 betas_state = [self.state[p]["beta"] for p in params]
                 amp = Scaler(grad_scale, found_inf)
                 _fused_ops.triton_am_adamw_layers_traced(t, h, amp, betas_state)
+                self._remember_lr(group, params, found_inf)
                 continue
             betas, new_prods = am_adamw(
                 params,
@@ -441,7 +445,9 @@ class AMAdamW(AMOptimizerBase):
                 maximize=group["maximize"],
                 capturable=group["capturable"],
                 process_group=process_group,
+                lr_ratio=self._lr_ratio(group, params),
             )
+            self._remember_lr(group, params, found_inf)
             skip = InfSkip(found_inf, ())
             self._store_state(
                 group, params, [("beta", betas, skip), ("beta1_prod", new_prods, None)]
@@ -460,12 +466,15 @@ class AMAdamW(AMOptimizerBase):
             return False
         beta1, beta2 = (as_float(b) for b in group["betas"])
         check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)
-        h = _group_hyper(group, as_float(group["lr"]), beta2)
+        stepped = [p for p in group["params"] if p in self.state]  # the plan's: all stepped
+        self._start_lr(group, stepped)  # as _init_group does
+        h = _group_hyper(group, as_float(group["lr"]), beta2, self._lr_ratio(group, stepped))
         t = AdamTensors(plan.local_params, grads, *plan.tensors, [], [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
         triton_module().triton_am_adamw(
             t, h, amp, plan=plan.plan, state=plan.state, sync=plan.sync
         )
+        self._remember_lr(group, stepped, amp.found_inf)
         return True
 
 
@@ -586,6 +595,7 @@ def am_adamw(
     maximize: bool = False,
     capturable: bool = False,
     process_group: Any = None,
+    lr_ratio: float | Tensor = 1.0,
 ) -> tuple[list[Tensor], list[Tensor]]:
     r"""Functional AM-AdamW / AM-Adam: one step over ``params`` in place. See :class:`AMAdamW`.
 
@@ -624,6 +634,12 @@ def am_adamw(
     process_group : ProcessGroup, optional
         With ``per_layer=False``: the ranks whose plain-tensor ``params`` together
         form the scope. DTensors are combined over their device mesh.
+    lr_ratio : float, default 1
+        :math:`r = \eta_{t-1}/\eta_t`, the previous step's lr over this one's
+        (:func:`amopt._rule.lr_ratio`, :func:`amopt._rule.adam_weights`): Supplement D
+        estimates the decrease of f by the previous step, taken with
+        :math:`\eta_{t-1}`. 1 at a constant lr and on the first step; :class:`AMAdamW`
+        keeps it per param group.
 
     Returns
     -------
@@ -672,6 +688,7 @@ def am_adamw(
         weight_decay_mode,
         maximize,
         config,
+        hyper_ratio(lr_ratio, lr, path),
     )
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     amp = Scaler(grad_scale, found_inf)
@@ -742,13 +759,14 @@ def _single_tensor_am_adamw(
     t: AdamTensors, h: AdamHyper, sync: _distributed.ScopeSync | None = None
 ) -> tuple[list[Tensor], list[Tensor]]:
     params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
-    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config, lr_ratio = h
     n = len(params)
     if n == 0:
         return [], []
     lam = config.lam
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
-    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
+    base = _rule.adam_weights(config, lr=lr, weight_decay=wd)
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, lr_ratio=lr_ratio)
 
     gs: list[Tensor] = []
     for i, param in enumerate(params):
@@ -770,7 +788,10 @@ def _single_tensor_am_adamw(
     accs = [accumulation_dtype(gs[i].dtype for i in scope) for scope in scopes]
     # compiled: each tensor's sums go to the rule operator one by one (see rule_from_sums)
     traced = torch.compiler.is_compiling() and sync is None and len(set(accs)) == 1
-    used = [k for k, a_k in enumerate(weights) if k == 0 or a_k != 0]
+    if torch.compiler.is_compiling():  # the terms of any r (g d / p always)
+        used = [k for k, a_k in enumerate(base) if k in (0, 2) or a_k != 0]
+    else:
+        used = [k for k, a_k in enumerate(weights) if k == 0 or a_k != 0]
     ps: list[Tensor] = [gs[0]] * n  # placeholders, all overwritten below
     rows, prods, parts = [], [], []
     for scope, acc in zip(scopes, accs, strict=True):
@@ -814,19 +835,24 @@ def _single_tensor_am_adamw(
         prods.append(prod)
 
     # rule (step 5) and the products (step 8)
+    # a scope's first step: its product is still 1 (algorithms.md section 3, step 5)
+    firsts = [prod == 1.0 for prod in prods]
     if traced:
         beta = _traced_ops.rule_from_sums(
             _rule.adam_beta,
             parts,
             config,
             accs[0],
-            weights=[weights[k] for k in used],
+            weights=[base[k] for k in used],
             lr=lr,
             weight_decay=wd,
+            first=torch.stack(firsts),
+            lr_ratio=lr_ratio,  # the operator weighs the terms itself (ratio_of)
+            terms=used,
         )
     else:
         rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
-        beta = rule_by_rows(_rule.adam_beta, rows, config, lr=lr, weight_decay=wd)
+        beta = rule_by_rows(_rule.adam_beta, rows, config, lr=lr, weight_decay=wd, first=firsts)
     new_prod = [prod * b for prod, b in zip(prods, beta, strict=True)]
 
     # apply: steps 6 and 7
@@ -1104,13 +1130,13 @@ def _multi_tensor_am_adamw(
     t: AdamTensors, h: AdamHyper, sync: _distributed.ScopeSync | None = None
 ) -> tuple[list[Tensor], list[Tensor]]:
     params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
-    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config, lr_ratio = h
     n = len(params)
     if n == 0:
         return [], []
     lam, per_layer = config.lam, config.per_layer
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
-    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, lr_ratio=lr_ratio)
     scope_acc = accumulation_dtype([real_dtype(p) for p in params])
     scope_prod = beta1_prods[0].to(scope_acc)
     grouped = Optimizer._group_tensors_by_device_and_dtype(
@@ -1175,14 +1201,18 @@ def _multi_tensor_am_adamw(
     steps: list[tuple[_AdamKernels, Tensor]] = []
     if per_layer:
         for (kernels, indices, prods, _), sums in zip(buckets, bucket_sums, strict=True):
-            beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd)
+            beta = _rule.adam_beta(
+                torch, sums, config, lr=lr, weight_decay=wd, first=prods.to(sums.device) == 1.0
+            )
             prod = prods * beta
             for k, b, pr in zip(indices, beta.unbind(), prod.unbind(), strict=True):
                 betas[k] = b
                 new_prods[k] = pr
             steps.append((kernels, (1.0 - beta).to(kernels.op)))
     else:
-        beta = _rule.adam_beta(torch, bucket_sums[0], config, lr=lr, weight_decay=wd)
+        sums = bucket_sums[0]
+        first = scope_prod.to(sums.device) == 1.0
+        beta = _rule.adam_beta(torch, sums, config, lr=lr, weight_decay=wd, first=first)
         betas = [beta] * n
         new_prods = [scope_prod * beta] * n
         for kernels, *_ in buckets:

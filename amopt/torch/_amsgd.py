@@ -28,6 +28,7 @@ from amopt.torch._common import (
     default_path,
     foreach_sqsum,
     hyper_lr,
+    hyper_ratio,
     new_step,
     plan_flags,
     real_dtype,
@@ -74,9 +75,12 @@ def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     return rule_config(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
 
 
-def _group_hyper(group: dict[str, Any], lr: Any, beta_max: float) -> SGDHyper:
+def _group_hyper(
+    group: dict[str, Any], lr: Any, beta_max: float, lr_ratio: float = 1.0
+) -> SGDHyper:
     """The hyper-parameters of a step of ``group`` (the Triton driver's own records)."""
-    return SGDHyper(lr, group["weight_decay"], group["maximize"], _config(group, beta_max))
+    config = _config(group, beta_max)
+    return SGDHyper(lr, group["weight_decay"], group["maximize"], config, lr_ratio)
 
 
 def _validate(group: dict[str, Any]) -> None:
@@ -406,12 +410,14 @@ class AMSGD(AMOptimizerBase):
                 and all(b is not None for b in momentum_buffer_list)
                 and _fused_ops.layers_op_applies(group, params, process_group)
             ):  # one graph node, which stores the betas itself
-                h = _group_hyper(group, hyper_lr(group["lr"], path), beta_max)
+                ratio = self._lr_ratio(group, params)
+                h = _group_hyper(group, hyper_lr(group["lr"], path), beta_max, ratio)
                 bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
                 t = SGDTensors(params, grads, bufs, state_steps)
                 betas_state = [self.state[p]["beta"] for p in params]
                 amp = Scaler(grad_scale, found_inf)
                 _fused_ops.triton_amsgd_layers_traced(t, h, amp, betas_state)
+                self._remember_lr(group, params, found_inf)
                 continue
             betas = amsgd(
                 params,
@@ -434,7 +440,9 @@ class AMSGD(AMOptimizerBase):
                 beta_low=group["beta_low"],
                 maximize=group["maximize"],
                 process_group=process_group,
+                lr_ratio=self._lr_ratio(group, params),
             )
+            self._remember_lr(group, params, found_inf)
 
             for p, buf in zip(params, momentum_buffer_list, strict=True):
                 self.state[p]["momentum_buffer"] = buf
@@ -451,10 +459,13 @@ class AMSGD(AMOptimizerBase):
         plan, grads = self._group_plan(group, flags)
         if plan is None:
             return False
-        h = _group_hyper(group, as_float(group["lr"]), beta_max)
+        stepped = [p for p in group["params"] if p in self.state]  # the plan's: all stepped
+        self._start_lr(group, stepped)  # as _init_group does
+        h = _group_hyper(group, as_float(group["lr"]), beta_max, self._lr_ratio(group, stepped))
         t = SGDTensors(plan.local_params, grads, *plan.tensors, [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
         triton_module().triton_amsgd(t, h, amp, plan=plan.plan, state=plan.state, sync=plan.sync)
+        self._remember_lr(group, stepped, amp.found_inf)
         return True
 
 
@@ -483,6 +494,7 @@ def amsgd(
     beta_low: float = 0.1,
     maximize: bool = False,
     process_group: Any = None,
+    lr_ratio: float | Tensor = 1.0,
 ) -> list[Tensor]:
     r"""Functional AMSGD: one step over ``params`` in place. See :class:`AMSGD`.
 
@@ -514,6 +526,11 @@ def amsgd(
     process_group : ProcessGroup, optional
         With ``per_layer=False``: the ranks whose plain-tensor ``params`` together
         form the scope. DTensors are combined over their device mesh.
+    lr_ratio : float, default 1
+        :math:`r = \eta_{t-1}/\eta_t`, the previous step's lr over this one's
+        (:func:`amopt._rule.lr_ratio`): the linearised numerator estimates the decrease
+        of f by the previous step, taken with :math:`\eta_{t-1}`. 1 at a constant lr
+        and on the first step; :class:`AMSGD` keeps it per param group.
 
     Returns
     -------
@@ -554,7 +571,8 @@ def amsgd(
     compiling = torch.compiler.is_compiling()
     if path == "triton" and sync is not None and compiling:  # no collective inside the op
         path = "foreach"
-    h = SGDHyper(hyper_lr(lr, path), weight_decay, maximize, config)
+    ratio = hyper_ratio(lr_ratio, lr, path)
+    h = SGDHyper(hyper_lr(lr, path), weight_decay, maximize, config, ratio)
     t = SGDTensors(params, grads, momentum_buffer_list, state_steps)
     amp = Scaler(grad_scale, found_inf)
     if path == "triton":  # the Triton kernels unscale and skip themselves
@@ -620,7 +638,7 @@ def _single_tensor_amsgd(
     t: SGDTensors, h: SGDHyper, sync: _distributed.ScopeSync | None = None
 ) -> list[Tensor]:
     params, grads, momentum_buffer_list, state_steps = t
-    lr, weight_decay, maximize, config = h
+    lr, weight_decay, maximize, config, lr_ratio = h
     n = len(params)
     if n == 0:
         return []
@@ -657,7 +675,9 @@ def _single_tensor_amsgd(
             wide = wide_dtype(g.device)  # squares in float64: no underflow, no overflow
             v = d - g
             parts += [sqsum(v, wide), sqsum(g, wide), (v.to(wide) * g.to(wide)).sum()]
-        beta, gamma = _traced_ops.rule_from_sums(_rule.momentum_beta, parts, config, accs[0])
+        beta, gamma = _traced_ops.rule_from_sums(
+            _rule.momentum_beta, parts, config, accs[0], lr_ratio=lr_ratio
+        )
         stored = False
     else:
         rows = []
@@ -674,7 +694,7 @@ def _single_tensor_amsgd(
         rows = _distributed.sync_sums(sync, rows)  # sharded scopes: add the sums of all ranks
         rows = [scope_sums(row, acc) for row, acc in zip(rows, accs, strict=True)]
         # rule
-        beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config)
+        beta, gamma = rule_by_rows(_rule.momentum_beta, rows, config, lr_ratio=lr_ratio)
 
     # apply: d = g + gamma * (d - g) (exact when d = g), x -= lr * d
     betas: list[Tensor] = [beta] * n  # placeholders, all overwritten below
@@ -707,7 +727,7 @@ def _multi_tensor_amsgd(
     )
 
     params, grads, momentum_buffer_list, state_steps = t
-    lr, weight_decay, maximize, config = h
+    lr, weight_decay, maximize, config, lr_ratio = h
     n = len(params)
     if n == 0:
         return []
@@ -792,13 +812,13 @@ def _multi_tensor_amsgd(
     if per_layer:
         for (*_, op, indices, _), sums in zip(buckets, bucket_sums, strict=True):
             sums = scope_sums(sums, op)
-            beta, gamma = _rule.momentum_beta(torch, sums, config)
+            beta, gamma = _rule.momentum_beta(torch, sums, config, lr_ratio=lr_ratio)
             for k, b in zip(indices, beta.unbind(), strict=True):
                 betas[k] = b
             coefs.append(gamma.to(op))
     else:
         sums = scope_sums(bucket_sums[0], scope_acc)
-        beta, gamma = _rule.momentum_beta(torch, sums, config)
+        beta, gamma = _rule.momentum_beta(torch, sums, config, lr_ratio=lr_ratio)
         betas = [beta] * n
         for pieces, *_, op, _, _ in buckets:
             device = pieces[0][0][1][0].device

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from amopt import _rule
 from amopt._config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
 from amopt.torch import _fused, _traced_ops
 from amopt.torch._records import (  # noqa: F401 - the records, re-exported
@@ -578,9 +579,19 @@ def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -
         rule = functools.partial(_traced_ops.rule, rule)
     else:
         rule = functools.partial(rule, torch)
+    # AM-Adam's first-step flags: one 0-d tensor per row
+    firsts = kwargs.pop("first", None)
     if all(r.dtype == rows[0].dtype for r in rows):
+        if firsts is not None:
+            kwargs["first"] = torch.stack([f.to(rows[0].device) for f in firsts])
         return rule(torch.stack(list(rows)), *args, **kwargs)
-    outs = [rule(r, *args, **kwargs) for r in rows]
+    if firsts is None:
+        outs = [rule(r, *args, **kwargs) for r in rows]
+    else:
+        outs = [
+            rule(r, *args, first=f.to(r.device), **kwargs)
+            for r, f in zip(rows, firsts, strict=True)
+        ]
     if isinstance(outs[0], tuple):
         return tuple(list(col) for col in zip(*outs, strict=True))
     return outs
@@ -856,6 +867,19 @@ class AMOptimizerBase(Optimizer):
 
     _step_supports_amp_scaling = True
 
+    def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
+        self._lr_tables()
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._lr_tables()
+
+    def _lr_tables(self) -> None:
+        """The last number lr of each group beside its ``"prev_lr"`` tensor
+        (:meth:`_lr_ratio`), made before any step."""
+        self.__dict__.setdefault("_lr_cache", {})
+
     def _path(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> str:
         """The implementation this group runs now (:func:`default_path`), warning once."""
         path, reason = default_path(params, grads, fused=group["fused"], foreach=group["foreach"])
@@ -907,6 +931,103 @@ class AMOptimizerBase(Optimizer):
     def _drop_group_plans(self) -> None:
         self.__dict__.pop("_am_plans", None)
 
+    def _lr_ratio(self, group: dict[str, Any], params: Sequence[Tensor]) -> Any:
+        r""":math:`r = \eta_{t-1}/\eta_t` of the group's coming step
+        (:func:`amopt._rule.lr_ratio`; ``docs/algorithms.md`` sections 2 and 3).
+
+        The stepped parameters' state keeps ``"prev_lr"``, the lr of the last step they
+        took, as one 1-element float64 tensor for the group (on the CPU; on the lr's
+        device for a tensor lr, on the parameters' with ``capturable=True``; not 0-d:
+        ``torch.compile`` takes a 0-d CPU tensor of an optimizer's state for a number),
+        updated in place
+        after each step (:meth:`_remember_lr`), so ``state_dict()`` saves it and a
+        resumed run continues its schedule exactly. It starts at the step's own lr
+        (:meth:`_start_lr`): r = 1 on a parameter's first step and on the first step
+        after loading a state dict saved before amopt kept it. One r serves the group's
+        scopes.
+
+        Eagerly a number: the optimizer keeps the last number lr beside the tensor, so a
+        step reads no tensor value (the tensor is read only where it changed otherwise,
+        e.g. by a compiled step). While ``torch.compile`` traces, the tensor itself: the
+        compiled step forms r from it (:func:`hyper_ratio`), so the graph does not
+        change with the schedule.
+        """
+        if not params:
+            return 1.0
+        record = self.state[params[0]].get("prev_lr")
+        if not isinstance(record, Tensor):
+            return 1.0
+        if torch.compiler.is_compiling():
+            return record
+        lr = group["lr"]
+        kept = self._lr_cache.get(id(group))
+        if kept is not None and kept[0] is record and kept[2] == record._version:
+            prev = kept[1]
+        else:  # loaded, or changed by a compiled step: read it (a rare host read)
+            prev = float(record)
+        return _rule.lr_ratio(prev, as_float(lr))
+
+    def _start_lr(self, group: dict[str, Any], params: Sequence[Tensor]) -> None:
+        """Parameters without a ``"prev_lr"`` tensor share the group's, or a new one at
+        this step's lr (r = 1); run by ``_init_group``."""
+        states = [self.state[p] for p in params]
+        fresh = [state for state in states if not isinstance(state.get("prev_lr"), Tensor)]
+        if not fresh:
+            return
+        record = next(
+            (
+                s["prev_lr"]
+                for s in (self.state.get(q, {}) for q in group["params"])
+                if isinstance(s.get("prev_lr"), Tensor)
+            ),
+            None,
+        )
+        if record is None:
+            lr = group["lr"]
+            if isinstance(lr, Tensor):
+                record = lr.detach().reshape(1).to(torch.float64, copy=True)
+            else:
+                device = params[0].device if group.get("capturable") else None
+                record = torch.tensor([float(lr)], dtype=torch.float64, device=device)
+                self._lr_cache[id(group)] = (record, float(lr), record._version)
+        for state in fresh:
+            state["prev_lr"] = record
+
+    def _remember_lr(
+        self, group: dict[str, Any], params: Sequence[Tensor], found_inf: Tensor | None
+    ) -> None:
+        """Keep this step's lr in the group's ``"prev_lr"`` tensor for the next r.
+
+        A step skipped by ``GradScaler`` keeps the previous one where that is decided
+        without reading ``found_inf`` on the host: for a tensor lr on ``found_inf``'s
+        device (a ``where``); a number lr is kept as a taken step's."""
+        if not params:
+            return
+        states = [self.state[p] for p in params]
+        record = states[0].get("prev_lr")
+        if not isinstance(record, Tensor):
+            return
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            new = lr.detach().reshape(record.shape).to(record.dtype)
+            if found_inf is not None and found_inf.device == record.device:
+                new = torch.where(found_inf.reshape(()) != 0, record, new)
+            # (as _store_state writes: a plain copy_ of a state tensor was seen dropped
+            # from a compiled step's graph)
+            torch._foreach_copy_([record], [new])
+        elif torch.compiler.is_compiling():
+            # written as a multiply-add of the number, which the compiler takes as a
+            # graph input (a fill_ with it restarted the analysis)
+            torch._foreach_copy_([record], [record * 0.0 + lr])
+            return
+        else:
+            record.fill_(lr)
+        if not isinstance(lr, Tensor):
+            self._lr_cache[id(group)] = (record, float(lr), record._version)
+        for state in states:  # one tensor for the group (loaded states have their own)
+            if state.get("prev_lr") is not record:
+                state["prev_lr"] = record
+
     def _amp(self) -> tuple[Tensor | None, Tensor | None]:
         """``grad_scale`` and ``found_inf`` set by ``torch.amp.GradScaler`` for this step."""
         return getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
@@ -939,7 +1060,10 @@ class AMOptimizerBase(Optimizer):
         The step then only updates existing tensors (``_store_state``); created in
         ``_init_group``, which ``torch.compile`` runs eagerly, it keeps the compiled
         step the same from the first step on. A global scope's members share one.
+        The group's ``"prev_lr"`` tensor starts here too (:meth:`_start_lr`), for the
+        same reason.
         """
+        self._start_lr(group, params)
         missing = [p for p in params if "beta" not in self.state[p]]
         if not missing:
             return
@@ -1017,6 +1141,8 @@ class AMOptimizerBase(Optimizer):
         device with ``capturable=True``).
         """
         self._drop_group_plans()
+        self._lr_tables()
+        self._lr_cache.clear()  # r comes from the loaded "prev_lr"
         super().load_state_dict(state_dict)
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(
@@ -1031,6 +1157,9 @@ class AMOptimizerBase(Optimizer):
                 value = saved.get(key)
                 if isinstance(value, Tensor):
                     state[key] = value.to(device=p.device)
+            prev_lr = saved.get("prev_lr")  # float64, as it was saved (not the param's dtype)
+            if isinstance(prev_lr, Tensor):
+                state["prev_lr"] = prev_lr.to(torch.float64, copy=True)
             step = state.get("step")
             home = p.device if on_device else torch.device("cpu")
             if isinstance(step, Tensor) and step.device != home:
@@ -1050,6 +1179,25 @@ class AMOptimizerBase(Optimizer):
 def plan_flags(group: dict[str, Any]) -> tuple:
     """What a group's Triton plan depends on besides its tensors."""
     return (group["per_layer"], group["foreach"], group["fused"], group["process_group"])
+
+
+def hyper_ratio(lr_ratio: Any, lr: Any, path: str) -> Any:
+    """``lr_ratio`` as a number; while ``torch.compile`` traces an optimizer's step, where
+    it is the previous lr's tensor (``AMOptimizerBase._lr_ratio``): that tensor itself
+    for the fused and Triton operators, which form r from it and their lr when they run,
+    or r as a 0-d tensor of the graph for the other paths' rule operators
+    (:func:`amopt.torch._traced_ops.ratio_of`). No number of the graph follows the
+    schedule, and no float the compiler made symbolic reaches an operator's list."""
+    if not (isinstance(lr_ratio, Tensor) and torch.compiler.is_compiling()):
+        return as_float(lr_ratio)
+    if path in ("fused", "triton"):
+        return lr_ratio
+    # lr as a tensor of the graph (a Python branch on a number lr would specialise it:
+    # the compiler restarts its analysis)
+    lr_t = (
+        lr.reshape(lr_ratio.shape).to(lr_ratio) if isinstance(lr, Tensor) else lr_ratio * 0.0 + lr
+    )
+    return torch.where(lr_t != 0, lr_ratio / torch.where(lr_t != 0, lr_t, 1.0), 1.0).reshape(())
 
 
 def step_lr(lr: Any) -> Any:

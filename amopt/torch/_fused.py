@@ -97,7 +97,7 @@ __all__ = [
     "warn_fallback",
 ]
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 CSRC = Path(__file__).resolve().parent / "csrc"
 #: The kernel sources, hashed in this order (as ``setup.py`` does).
 SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h", "am_fused_variant.h")
@@ -424,9 +424,10 @@ class _Kernels:
             "sgd_apply": [i64, vp, vp, vp, vp, vp, vp, i64, vp, i64],
             "adam_reduce": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, vp],
             "adam_apply": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, vp, i64, i64],
-            "sgd_step": [i64, vp, vp, vp, vp, vp, vp, i64, vp, i64, i64, vp, i64, vp, vp, vp, vp],
+            "sgd_step": [i64, vp, vp, vp, vp, vp, vp, i64, vp, i64, i64, vp, i64, vp, vp, vp, vp,
+                         vp, i64],
             "adam_step": [i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, i64, i64, vp, i64, i64, vp,
-                          i64, vp, vp, vp],
+                          i64, vp, vp, vp, vp, i64],
             "adam_traffic": [i64, vp, vp, vp, vp, vp, i64, vp, i64, vp, i64, vp],
         }  # fmt: skip
         for kernel, argtypes in signatures.items():
@@ -857,13 +858,15 @@ class _Scopes:
     def tape(self, rule: Any, **kwargs: Any) -> tuple | None:
         """The rule as a tape for the kernels' whole-step functions, or ``None``.
 
-        ``None`` (the passes are driven from here, the rule run by NumPy between them)
-        when the scopes' sums are added across ranks first, or when the rule in
+        The rule takes four inputs per scope: its three sums and one value the kernels
+        are handed (the learning-rate ratio, AM-Adam's first-step flag). ``None`` (the
+        passes are driven from here, the rule run by NumPy between them) when the
+        scopes' sums are added across ranks first, or when the rule in
         :mod:`amopt._rule` cannot be recorded (:func:`amopt._tape.trace`).
         """
         if _collective(self.sync):
             return None
-        return _tape.traced(rule, 3, **kwargs)
+        return _tape.traced(rule, 4, **kwargs)
 
     def outputs(self, n: int, k: int) -> list[np.ndarray]:
         """``k`` arrays the whole-step kernels write the rule's outputs into."""
@@ -916,7 +919,7 @@ def fused_amsgd(
         step.
     """
     params, grads, momentum_buffer_list, state_steps = t
-    lr, weight_decay, maximize, config = h
+    lr, weight_decay, maximize, config, lr_ratio = h
     grad_scale, found_inf = amp
     n = len(params)
     if _skip(found_inf):
@@ -955,7 +958,9 @@ def fused_amsgd(
     scopes = _Scopes(n, dtype, per_layer, sync)
     first_at, nt = ctypes.addressof(first), _threads()
     ranges = _scopes(numels, per_layer, 3 * xs[0].element_size(), sync)
-    tape = scopes.tape(_rule.momentum_beta, cfg=config)
+    # the rule's fourth input (_tape.input_rule): r = lr_{t-1} / lr_t
+    ratio = np.array([float(lr_ratio)])
+    tape = scopes.tape(_tape.input_rule, base=_rule.momentum_beta, name="lr_ratio", cfg=config)
     if tape is not None:  # reduce -> rule -> apply per chunk, all in the kernels
         code, outs = tape
         chunks = _chunk_array(ranges)
@@ -963,7 +968,7 @@ def fused_amsgd(
         status = kernels.fn[f"sgd_step_{suffix}"](
             n, *arrays.at(0), first_at, hp, nt, chunks.ctypes.data, len(ranges),
             int(per_layer), code.ctypes.data, len(code), outs.ctypes.data, scopes.at(0),
-            beta.ctypes.data, gamma.ctypes.data,
+            beta.ctypes.data, gamma.ctypes.data, ratio.ctypes.data, 0,
         )  # fmt: skip
         if status != 0:
             raise RuntimeError("the fused kernels refused the rule's tape")
@@ -973,7 +978,7 @@ def fused_amsgd(
     for a, b in ranges:
         numel, x, g, d = arrays.at(a)
         reduce_fn(b - a, numel, x, g, d, first_at + a, hp, nt, scopes.at(a))
-        beta, gamma = scopes.rule(_rule.momentum_beta, a, b, cfg=config)
+        beta, gamma = scopes.rule(_rule.momentum_beta, a, b, cfg=config, lr_ratio=ratio[0])
         stride = int(gamma.ndim > 0)
         apply_fn(b - a, numel, x, g, d, first_at + a, gamma.ctypes.data, stride, hp, nt)
         parts.append(beta)
@@ -1010,7 +1015,7 @@ def fused_am_adamw(
         then); ``None`` when ``found_inf`` skipped the step.
     """
     params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods = t
-    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config, lr_ratio = h
     grad_scale, found_inf = amp
     n = len(params)
     if _skip(found_inf):
@@ -1046,7 +1051,7 @@ def fused_am_adamw(
         lr,
         1.0 - lr * wd if weight_decay_mode == "decoupled" else 1.0,
         1.0 / (1.0 + lr * wd) if weight_decay_mode == "proximal" else 1.0,
-        *_rule.adam_weights(config, lr=lr, weight_decay=wd),
+        *_rule.adam_weights(config, lr=lr, weight_decay=wd, lr_ratio=float(lr_ratio)),
     )
     mode = _MODES[weight_decay_mode]
     suffix = _SUFFIX[dtype]
@@ -1062,8 +1067,12 @@ def fused_am_adamw(
         prods = beta1_prods[0].to("cpu", dtype).reshape(())
     c = _coef(_rule.adam_correction(prods, config), dtype, tuple(prods.shape))
     stride = int(per_layer)
+    # the rule's fourth input: 1 on a scope's first step, whose product is still 1
+    firsts = (prods == 1.0).to(torch.float64).numpy()
     ranges = _scopes(numels, per_layer, 4 * itemsize, sync)
-    tape = scopes.tape(_rule.adam_beta, cfg=config, lr=lr, weight_decay=wd)
+    tape = scopes.tape(
+        _tape.input_rule, base=_rule.adam_beta, name="first", cfg=config, lr=lr, weight_decay=wd
+    )
     if tape is not None:  # reduce -> rule -> apply per chunk, all in the kernels
         code, outs = tape
         chunks = _chunk_array(ranges)
@@ -1071,7 +1080,7 @@ def fused_am_adamw(
         status = kernels.fn[f"adam_step_{suffix}"](
             n, *arrays.at(0), c.data_ptr(), stride, ib2_at, hp, mode, nt, chunks.ctypes.data,
             len(ranges), int(per_layer), code.ctypes.data, len(code), outs.ctypes.data,
-            scopes.at(0), beta.ctypes.data,
+            scopes.at(0), beta.ctypes.data, firsts.ctypes.data, stride,
         )  # fmt: skip
         if status != 0:
             raise RuntimeError("the fused kernels refused the rule's tape")
@@ -1085,7 +1094,10 @@ def fused_am_adamw(
         parts = []
         for head, (a, b) in zip(heads, ranges, strict=True):
             reduce_fn(*head, hp, nt, scopes.at(a))
-            beta = scopes.rule(_rule.adam_beta, a, b, cfg=config, lr=lr, weight_decay=wd)
+            first = firsts[a:b] if per_layer else firsts
+            beta = scopes.rule(
+                _rule.adam_beta, a, b, cfg=config, lr=lr, weight_decay=wd, first=first
+            )
             apply_fn(*head, beta.ctypes.data, stride, hp, mode, nt)
             parts.append(beta)
     torch.autograd.graph.increment_version([*params, *exp_avgs, *exp_avg_sqs, *state_steps])

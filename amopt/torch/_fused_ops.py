@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from amopt import _rule
 from amopt.torch._records import (
     AdamHyper,
     AdamTensors,
@@ -85,16 +86,19 @@ def _triton() -> Any:
 
 
 # The operators take the hyper-parameters as plain values: ``numbers`` holds ``lr``,
-# (AM-AdamW: ``beta2, eps``), ``weight_decay`` and the rule's options (RULE_FIELDS); a
-# tensor ``lr`` travels as ``lr_tensor`` (0.0 in ``numbers``), read when the step runs.
+# ``lr_ratio``, (AM-AdamW: ``beta2, eps``), ``weight_decay`` and the rule's options
+# (RULE_FIELDS); a tensor ``lr`` travels as ``lr_tensor`` (0.0 in ``numbers``) and with it
+# the previous lr as ``prev_lr_tensor`` (the optimizers' ``_lr_ratio``), both read when
+# the step runs, where r is formed from them: no node of the graph.
 
 
-def _adam_numbers(h: AdamHyper, lr: float) -> list[float]:
-    return [lr, float(h.beta2), float(h.eps), float(h.weight_decay), *rule_numbers(h.config)]
+def _adam_numbers(h: AdamHyper, lr: float, ratio: float) -> list[float]:
+    numbers = [float(h.beta2), float(h.eps), float(h.weight_decay), *rule_numbers(h.config)]
+    return [lr, ratio, *numbers]
 
 
-def _sgd_numbers(h: SGDHyper, lr: float) -> list[float]:
-    return [lr, float(h.weight_decay), *rule_numbers(h.config)]
+def _sgd_numbers(h: SGDHyper, lr: float, ratio: float) -> list[float]:
+    return [lr, ratio, float(h.weight_decay), *rule_numbers(h.config)]
 
 
 def _host_lr(lr: Tensor) -> float:
@@ -119,12 +123,15 @@ def _adam_hyper(
     maximize: bool,
     per_layer: bool,
     variant: str | None,
+    prev_lr_tensor: Tensor | None = None,
 ) -> AdamHyper:
-    lr, beta2, eps, weight_decay, *rule = numbers
+    lr, ratio, beta2, eps, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = _host_lr(lr_tensor)
+    if prev_lr_tensor is not None:  # r of the previous lr and this one, read now
+        ratio = _rule.lr_ratio(_host_lr(prev_lr_tensor), lr)
     config = rule_config_from(rule, per_layer, variant)
-    return AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config)
+    return AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config, ratio)
 
 
 def _sgd_hyper(
@@ -133,11 +140,15 @@ def _sgd_hyper(
     maximize: bool,
     per_layer: bool,
     variant: str | None,
+    prev_lr_tensor: Tensor | None = None,
 ) -> SGDHyper:
-    lr, weight_decay, *rule = numbers
+    lr, ratio, weight_decay, *rule = numbers
     if lr_tensor is not None:
         lr = _host_lr(lr_tensor)
-    return SGDHyper(lr, weight_decay, maximize, rule_config_from(rule, per_layer, variant))
+    if prev_lr_tensor is not None:  # r of the previous lr and this one, read now
+        ratio = _rule.lr_ratio(_host_lr(prev_lr_tensor), lr)
+    config = rule_config_from(rule, per_layer, variant)
+    return SGDHyper(lr, weight_decay, maximize, config, ratio)
 
 
 @_operator(
@@ -154,6 +165,7 @@ def _fused_am_adamw_op(
     beta1_prods: list[Tensor],
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
+    prev_lr_tensor: Tensor | None,
     numbers: list[float],
     weight_decay_mode: str,
     maximize: bool,
@@ -162,10 +174,10 @@ def _fused_am_adamw_op(
 ) -> tuple[Tensor, Tensor]:
     """One fused AM-AdamW step; per parameter the beta applied and its scope's product.
 
-    ``numbers``: ``lr, beta2, eps, weight_decay`` and the rule's ``lam, beta_max,
-    beta_min, theta, beta_high, beta_low``.
+    ``numbers``: ``lr, lr_ratio, beta2, eps, weight_decay`` and the rule's ``lam,
+    beta_max, beta_min, theta, beta_high, beta_low``.
     """
-    h = _adam_hyper(numbers, None, weight_decay_mode, maximize, per_layer, variant)
+    h = _adam_hyper(numbers, None, weight_decay_mode, maximize, per_layer, variant, prev_lr_tensor)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     betas, prods = _DRIVERS["fused_am_adamw"](t, h, Scaler(grad_scale, found_inf), None)
     dtype = _dtype(params)
@@ -188,6 +200,7 @@ def _fused_amsgd_op(
     state_steps: list[Tensor],
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
+    prev_lr_tensor: Tensor | None,
     numbers: list[float],
     maximize: bool,
     per_layer: bool,
@@ -195,11 +208,11 @@ def _fused_amsgd_op(
 ) -> Tensor:
     """One fused AMSGD step; per parameter the beta applied.
 
-    ``numbers``: ``lr, weight_decay`` and the rule's ``lam, beta_max, beta_min, theta,
-    beta_high, beta_low``. Every momentum buffer exists (the optimizer makes it
+    ``numbers``: ``lr, lr_ratio, weight_decay`` and the rule's ``lam, beta_max, beta_min,
+    theta, beta_high, beta_low``. Every momentum buffer exists (the optimizer makes it
     ``d = g`` before the first step).
     """
-    h = _sgd_hyper(numbers, None, maximize, per_layer, variant)
+    h = _sgd_hyper(numbers, None, maximize, per_layer, variant, prev_lr_tensor)
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     betas = _DRIVERS["fused_amsgd"](t, h, Scaler(grad_scale, found_inf), None)
     return torch.stack(betas).to(_dtype(params))
@@ -220,7 +233,7 @@ def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
         list(t.state_steps),
         amp.grad_scale,
         amp.found_inf,
-        _sgd_numbers(h, float(h.lr)),
+        *_ratio_arguments(h, float(h.lr), _sgd_numbers),
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -239,7 +252,7 @@ def fused_am_adamw_traced(
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
-    numbers = _adam_numbers(h, float(h.lr))
+    prev_lr_tensor, numbers = _ratio_arguments(h, float(h.lr), _adam_numbers)
     betas, prods = _fused_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -249,6 +262,7 @@ def fused_am_adamw_traced(
         list(t.beta1_prods),
         amp.grad_scale,
         amp.found_inf,
+        prev_lr_tensor,
         numbers,
         h.weight_decay_mode,
         bool(h.maximize),
@@ -256,6 +270,13 @@ def fused_am_adamw_traced(
         c.variant,
     )
     return list(betas.unbind()), list(prods.unbind())
+
+
+def _ratio_arguments(h: Any, lr: float, numbers_of: Any) -> tuple[Tensor | None, list[float]]:
+    """``prev_lr_tensor, numbers`` of a fused operator: a tensor ``h.lr_ratio`` (the
+    previous lr of a compiled step) goes as a tensor, r formed when the step runs."""
+    prev_lr_tensor, ratio = _lr(h.lr_ratio)
+    return prev_lr_tensor, numbers_of(h, lr, ratio)
 
 
 # --------------------------------------------------------------------------- Triton (GPU)
@@ -280,6 +301,7 @@ def _triton_am_adamw_op(
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
     lr_tensor: Tensor | None,
+    prev_lr_tensor: Tensor | None,
     numbers: list[float],
     weight_decay_mode: str,
     maximize: bool,
@@ -291,7 +313,9 @@ def _triton_am_adamw_op(
     ``numbers`` as in ``amopt::fused_am_adamw_``; ``lr_tensor``, when given, is ``lr``
     (read here, when the step runs, so that a compiled step follows a scheduler).
     """
-    h = _adam_hyper(numbers, lr_tensor, weight_decay_mode, maximize, per_layer, variant)
+    h = _adam_hyper(
+        numbers, lr_tensor, weight_decay_mode, maximize, per_layer, variant, prev_lr_tensor
+    )
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     betas, prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
     dtype = _dtype(params)
@@ -317,7 +341,8 @@ def triton_am_adamw_traced(
     """The Triton AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
-    numbers = _adam_numbers(h, lr)
+    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
+    numbers = _adam_numbers(h, lr, ratio)
     betas, prods = _triton_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -328,6 +353,7 @@ def triton_am_adamw_traced(
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
+        prev_lr_tensor,
         numbers,
         h.weight_decay_mode,
         bool(h.maximize),
@@ -350,6 +376,7 @@ def _triton_amsgd_op(
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
     lr_tensor: Tensor | None,
+    prev_lr_tensor: Tensor | None,
     numbers: list[float],
     maximize: bool,
     per_layer: bool,
@@ -358,7 +385,7 @@ def _triton_amsgd_op(
     """One Triton AMSGD step; per parameter the beta applied (``numbers`` as in
     ``amopt::fused_amsgd_``, ``lr_tensor`` as in ``amopt::triton_am_adamw_``). Every
     momentum buffer exists."""
-    h = _sgd_hyper(numbers, lr_tensor, maximize, per_layer, variant)
+    h = _sgd_hyper(numbers, lr_tensor, maximize, per_layer, variant, prev_lr_tensor)
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
     return torch.stack(betas).to(_dtype(params))
@@ -373,6 +400,7 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
     """The Triton AMSGD step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
+    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
     betas = _triton_amsgd_op(
         list(t.params),
         list(t.grads),
@@ -381,7 +409,8 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        _sgd_numbers(h, lr),
+        prev_lr_tensor,
+        _sgd_numbers(h, lr, ratio),
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -432,6 +461,7 @@ def _triton_am_adamw_layers_op(
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
     lr_tensor: Tensor | None,
+    prev_lr_tensor: Tensor | None,
     numbers: list[float],
     weight_decay_mode: str,
     maximize: bool,
@@ -440,7 +470,7 @@ def _triton_am_adamw_layers_op(
     """``amopt::triton_am_adamw_`` with a per-layer scope that stores, per parameter,
     the beta applied into ``betas`` (the old one kept on a skipped step) and the new
     product into ``beta1_prods`` (one 0-d tensor each)."""
-    h = _adam_hyper(numbers, lr_tensor, weight_decay_mode, maximize, True, variant)
+    h = _adam_hyper(numbers, lr_tensor, weight_decay_mode, maximize, True, variant, prev_lr_tensor)
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     new_betas, new_prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
     _store(betas, new_betas, found_inf)
@@ -459,6 +489,7 @@ def triton_am_adamw_layers_traced(
     stored into the state tensors ``betas`` and ``t.beta1_prods``."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
+    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
     _triton_am_adamw_layers_op(
         list(t.params),
         list(t.grads),
@@ -470,7 +501,8 @@ def triton_am_adamw_layers_traced(
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        _adam_numbers(h, lr),
+        prev_lr_tensor,
+        _adam_numbers(h, lr, ratio),
         h.weight_decay_mode,
         bool(h.maximize),
         c.variant,
@@ -491,13 +523,14 @@ def _triton_amsgd_layers_op(
     grad_scale: Tensor | None,
     found_inf: Tensor | None,
     lr_tensor: Tensor | None,
+    prev_lr_tensor: Tensor | None,
     numbers: list[float],
     maximize: bool,
     variant: str | None,
 ) -> None:
     """``amopt::triton_amsgd_`` with a per-layer scope that stores each parameter's beta
     into ``betas`` (the old one kept on a skipped step). Every momentum buffer exists."""
-    h = _sgd_hyper(numbers, lr_tensor, maximize, True, variant)
+    h = _sgd_hyper(numbers, lr_tensor, maximize, True, variant, prev_lr_tensor)
     t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
     new_betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
     _store(betas, new_betas, found_inf)
@@ -515,6 +548,7 @@ def triton_amsgd_layers_traced(
     state tensors ``betas``."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
+    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
     _triton_amsgd_layers_op(
         list(t.params),
         list(t.grads),
@@ -524,7 +558,8 @@ def triton_amsgd_layers_traced(
         amp.grad_scale,
         amp.found_inf,
         lr_tensor,
-        _sgd_numbers(h, lr),
+        prev_lr_tensor,
+        _sgd_numbers(h, lr, ratio),
         bool(h.maximize),
         c.variant,
     )

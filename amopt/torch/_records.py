@@ -142,6 +142,8 @@ class SGDHyper(NamedTuple):
     weight_decay: float
     maximize: bool
     config: AMConfig
+    #: ``r = lr_{t-1} / lr_t`` of the linearised numerator (``amopt._rule.lr_ratio``)
+    lr_ratio: float = 1.0
 
 
 class AdamTensors(NamedTuple):
@@ -165,6 +167,8 @@ class AdamHyper(NamedTuple):
     weight_decay_mode: str
     maximize: bool
     config: AMConfig
+    #: ``r = lr_{t-1} / lr_t`` of the linearised numerator (``amopt._rule.lr_ratio``)
+    lr_ratio: float = 1.0
 
 
 class Scaler(NamedTuple):

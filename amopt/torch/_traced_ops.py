@@ -64,16 +64,26 @@ def _run_rule(
     variant: str | None,
     lr: float | None,
     weight_decay: float,
+    lr_ratio: float = 1.0,
+    first: Tensor | None = None,
+    ratio: Tensor | None = None,
 ) -> list[Tensor]:
     """The rule of ``family`` (:data:`_FAMILIES`) on ``sums``; its outputs as a list.
 
     ``numbers``: the rule's options in the order of
-    :data:`~amopt.torch._records.RULE_FIELDS`.
+    :data:`~amopt.torch._records.RULE_FIELDS`; ``lr_ratio`` the momentum rule's
+    :math:`r` (:func:`ratio_of`, with ``ratio``), ``first`` the Adam rule's first-step
+    flags (one per scope).
     """
+    lr_ratio = ratio_of(lr_ratio, ratio)
     config = rule_config_from(numbers, per_layer, variant)
     kwargs: dict[str, Any] = {"lr": lr}
     if family == "adam":
         kwargs["weight_decay"] = weight_decay
+        if first is not None:
+            kwargs["first"] = first.reshape(sums.shape[:-1]).to(sums.dtype)
+    elif lr_ratio != 1.0:
+        kwargs["lr_ratio"] = lr_ratio
     out = getattr(_rule, _FAMILIES[family])(torch, sums, config, **kwargs)
     outs = list(out) if isinstance(out, tuple) else [out]
     # an operator's outputs may not alias its input
@@ -84,7 +94,18 @@ _rule_op = torch.library.custom_op("amopt::rule", mutates_args=())(_run_rule)
 
 
 @_rule_op.register_fake
-def _(family, sums, numbers, per_layer, variant, lr, weight_decay):  # noqa: ANN001, ANN202
+def _(
+    family,
+    sums,
+    numbers,
+    per_layer,
+    variant,
+    lr,
+    weight_decay,
+    lr_ratio=1.0,
+    first=None,
+    ratio=None,
+):  # noqa: ANN001, ANN202, E501
     n_out = 2 if family == "momentum" else 1
     return [sums.new_empty(sums.shape[:-1]) for _ in range(n_out)]
 
@@ -96,7 +117,7 @@ def rule(fn: Any, sums: Tensor, config: Any, **kwargs: Any) -> Any:
     result has its shape (a tuple for the momentum rule).
     """
     family = _family(fn)
-    return _shaped(family, _rule_op(family, sums, *_options(config, kwargs)))
+    return _shaped(family, _rule_op(family, sums, *_options(config, kwargs), *_extra(kwargs)))
 
 
 def roots(steps: Sequence[Tensor], beta2: float) -> Tensor:
@@ -115,8 +136,16 @@ def _rule_from_sums_op(
     lr: float | None,
     weight_decay: float,
     dtype: torch.dtype,
+    lr_ratio: float = 1.0,
+    first: Tensor | None = None,
+    terms: list[int] | None = None,
+    ratio: Tensor | None = None,
 ) -> list[Tensor]:
     """The rule of ``family`` from each tensor's raw sums (``sums``, tensor by tensor).
+
+    ``"adam"`` with ``terms`` (the indices in :data:`amopt._rule.ADAM_TERMS` of the
+    weights): the weights are :func:`amopt._rule.adam_weights` of ``lr``,
+    ``weight_decay`` and ``lr_ratio``, formed here (``weights`` gives their number).
 
     ``"momentum"``: ``<v,v>, <g,g>, <v,g>`` per tensor, the rule's ``<d,d>`` formed as
     ``<v,v> + 2<v,g> + <g,g>``; ``"adam"``: the sums of the numerator's terms, weighted
@@ -125,6 +154,11 @@ def _rule_from_sums_op(
     (:func:`~amopt.torch._records.scope_sums`).
     """
     k = len(weights)
+    lr_ratio = ratio_of(lr_ratio, ratio)
+    if family == "adam" and terms is not None:
+        config = rule_config_from(numbers, per_layer, variant)
+        full = _rule.adam_weights(config, lr=lr, weight_decay=weight_decay, lr_ratio=lr_ratio)
+        weights = [full[j] for j in terms]
     per_tensor = torch.stack(sums).view(-1, _width(family, k))
     if family == "momentum":
         vv, gg, vg = per_tensor.unbind(-1)
@@ -141,7 +175,7 @@ def _rule_from_sums_op(
     if not per_layer:
         rows = rows.sum(0, keepdim=True)
     rows = scope_sums(rows, dtype)
-    return _run_rule(family, rows, numbers, per_layer, variant, lr, weight_decay)
+    return _run_rule(family, rows, numbers, per_layer, variant, lr, weight_decay, lr_ratio, first)
 
 
 def _width(family: str, n_weights: int) -> int:
@@ -150,7 +184,21 @@ def _width(family: str, n_weights: int) -> int:
 
 
 @_rule_from_sums_op.register_fake
-def _(family, sums, weights, numbers, per_layer, variant, lr, weight_decay, dtype):  # noqa: ANN001, ANN202
+def _(
+    family,
+    sums,
+    weights,
+    numbers,
+    per_layer,
+    variant,
+    lr,
+    weight_decay,
+    dtype,
+    lr_ratio=1.0,
+    first=None,
+    terms=None,
+    ratio=None,
+):  # noqa: ANN001, ANN202, E501
     n_scopes = len(sums) // _width(family, len(weights)) if per_layer else 1
     n_out = 2 if family == "momentum" else 1
     return [sums[0].new_empty((n_scopes,), dtype=dtype) for _ in range(n_out)]
@@ -173,13 +221,38 @@ def rule_from_sums(
     family = _family(fn)
     weights = [float(w) for w in weights]
     options = _options(config, kwargs)
-    return _shaped(family, _rule_from_sums_op(family, list(sums), weights, *options, dtype))
+    lr_ratio, first, ratio = _extra(kwargs)
+    terms = kwargs.get("terms")
+    op = _rule_from_sums_op(
+        family, list(sums), weights, *options, dtype, lr_ratio, first, terms, ratio
+    )
+    return _shaped(family, op)
 
 
 def _options(config: Any, kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """``numbers, per_layer, variant, lr, weight_decay``: the rule operators' options."""
     lr, weight_decay = kwargs.get("lr"), float(kwargs.get("weight_decay", 0.0))
     return rule_numbers(config), bool(config.per_layer), config.variant, lr, weight_decay
+
+
+def _extra(kwargs: dict[str, Any]) -> tuple[float, Tensor | None, Tensor | None]:
+    """``lr_ratio, first, ratio``: the rule operators' step-dependent inputs (a tensor
+    ``lr_ratio``, r formed by a compiled step's graph, goes as ``ratio``: :func:`ratio_of`)."""
+    ratio = kwargs.get("lr_ratio", 1.0)
+    if isinstance(ratio, Tensor):
+        return 1.0, kwargs.get("first"), ratio
+    return float(ratio), kwargs.get("first"), None
+
+
+def ratio_of(lr_ratio: float, ratio: Tensor | None, lr: Any = None) -> float:
+    r""":math:`r = \eta_{t-1}/\eta_t`: ``lr_ratio``, or, for a step ``torch.compile``
+    traced, the 0-d tensor ``ratio`` the graph formed (``amopt.torch._common.hyper_ratio``),
+    read when the operator runs: the graph then holds no number that changes with the
+    schedule, nor arithmetic of a float the compiler made symbolic (whose guard was seen
+    to fail)."""
+    if ratio is None:
+        return lr_ratio
+    return float(ratio)
 
 
 def _shaped(family: str, outs: list[Tensor]) -> Any:

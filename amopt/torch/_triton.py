@@ -349,6 +349,7 @@ def _adam_reduce(
     MAXIMIZE: tl.constexpr,
     L2: tl.constexpr,
     HAS_WD: tl.constexpr,
+    HAS_GD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.load(blk_ptr + 3 * pid).to(tl.int64)
@@ -414,6 +415,8 @@ def _adam_reduce(
         terms = a0 * (gp * g) + a1 * ((u * dg) * dg)
         if HAS_WD:
             terms += a2 * (gp * d) + a3 * (g * x) + a4 * (d * x)
+        elif HAS_GD:  # no decay, a learning-rate ratio r != 1: a2 = r - 1
+            terms += a2 * (gp * d)
         wvv = (w * dg) * dg
         wref = (w * d) * d + (w * g) * g
         if MASKED:  # p may be 0 on the padding (eps = 0): keep its 0/0 out of the sums
@@ -561,8 +564,17 @@ _RULE_BY_KEY: dict[tuple, Any] = {}
 _RULE_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
 
 
-def _rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret: bool = False) -> Any:
+def _rule_kernel(
+    rule: Any,
+    config: AMConfig,
+    dtype: torch.dtype,
+    interpret: bool = False,
+    extra: str | None = None,
+) -> Any:
     """``rule(xp, sums, config)`` of every scope in one Triton kernel, or None.
+
+    With ``extra``, the rule's keyword argument of that name is a fourth input of each
+    scope (:func:`amopt._tape.input_rule`: the learning-rate ratio, the first-step flag).
 
     The rule (:mod:`amopt._rule`, as it is when the step runs) is recorded as a tape
     of its operations on sums of ``dtype`` (:func:`amopt._tape.trace`) and written out
@@ -572,18 +584,25 @@ def _rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret: boo
     tape (an interpreted one with ``interpret``). None where the rule cannot be
     recorded (the caller runs it on arrays).
     """
-    key = (rule, config, dtype, interpret)
+    key = (rule, config, dtype, interpret, extra)
     if key in _RULE_BY_KEY:
         return _RULE_BY_KEY[key]
-    kernel = _RULE_BY_KEY[key] = _make_rule_kernel(rule, config, dtype, interpret)
+    kernel = _RULE_BY_KEY[key] = _make_rule_kernel(rule, config, dtype, interpret, extra)
     return kernel
 
 
-def _make_rule_kernel(rule: Any, config: AMConfig, dtype: torch.dtype, interpret: bool) -> Any:
+def _make_rule_kernel(
+    rule: Any, config: AMConfig, dtype: torch.dtype, interpret: bool, extra: str | None
+) -> Any:
     np_dtype = _RULE_DTYPES.get(dtype)
     if np_dtype is None:
         return None
-    tape = _tape.traced(rule, _K, cfg=config, dtype=np_dtype)
+    if extra is None:
+        tape = _tape.traced(rule, _K, cfg=config, dtype=np_dtype)
+    else:
+        tape = _tape.traced(
+            _tape.input_rule, _K + 1, base=rule, name=extra, cfg=config, dtype=np_dtype
+        )
     return None if tape is None else _tape.triton_kernel(*tape, np_dtype, interpret)
 
 
@@ -595,19 +614,21 @@ def _fused_rule(
     n_out: int,
     out: torch.dtype,
     interpret: bool,
+    extra: str | None = None,
 ) -> Tensor | None:
     """The outputs of ``rule``'s kernel (:func:`_rule_kernel`, made by ``make``) on
     ``sums``, or None: no kernel (the caller runs the rule's array operations), or one
-    that Triton could not compile here (then never again for that rule, with a warning)."""
+    that Triton could not compile here (then never again for that rule, with a warning).
+    ``extra``: the name of the rule's keyword argument held in the fourth column."""
     if make is None:
         return None
     try:
-        kernel = make(rule, config, sums.dtype)
+        kernel = make(rule, config, sums.dtype, extra=extra)
         if kernel is None:
             return None
         return _torch_rule.run_rule(kernel, sums, n_out, out, interpret)
     except Exception as exc:  # noqa: BLE001 - a compiler that rejects the generated kernel
-        _RULE_BY_KEY[(rule, config, sums.dtype, interpret)] = None
+        _RULE_BY_KEY[(rule, config, sums.dtype, interpret, extra)] = None
         warnings.warn(
             f"the AM rule's Triton kernel failed ({type(exc).__name__}: {exc}); the rule "
             "runs as tensor operations",
@@ -1174,7 +1195,7 @@ def _sgd_core(
     plan: Plan, fresh: Tensor, h: SGDHyper, amp: Scaler, sync: Any
 ) -> list[tuple[Tensor, Tensor]]:
     """Reduce, rule and apply of an AMSGD step; ``(beta, gamma)`` per sums array."""
-    lr, weight_decay, maximize, config = h
+    lr, weight_decay, maximize, config, lr_ratio = h
     grad_scale, found_inf = amp
     interpret = _interpret()
     kernels = _kernels(interpret)
@@ -1213,10 +1234,21 @@ def _sgd_core(
     # on them and its outputs are rounded to the accumulation dtype
     make = kernels.get("rule")
     rule = []
+    # r = lr_{t-1} / lr_t: a fourth input of the rule where it is not the number 1
+    scheduled = not (isinstance(lr_ratio, (int, float)) and lr_ratio == 1.0)
     for s, out in zip(sums, plan.out_dtypes, strict=True):
-        both = _fused_rule(make, _rule.momentum_beta, config, s, 2, out, interpret)
+        if scheduled:
+            ratio = torch.as_tensor(lr_ratio, dtype=s.dtype).to(s.device, non_blocking=True)
+            s4 = torch.cat([s, ratio.reshape(1, 1).expand(s.shape[0], 1)], 1)
+            both = _fused_rule(
+                make, _rule.momentum_beta, config, s4, 2, out, interpret, "lr_ratio"
+            )
+        else:
+            both = _fused_rule(make, _rule.momentum_beta, config, s, 2, out, interpret)
         if both is None:
-            rule.append(tuple(r.to(out) for r in _rule.momentum_beta(torch, s, config)))
+            kwargs = {"lr_ratio": s4[:, 3]} if scheduled else {}
+            beta_gamma = _rule.momentum_beta(torch, s, config, **kwargs)
+            rule.append(tuple(r.to(out) for r in beta_gamma))
         else:  # beta and gamma in one launch
             rule.append((both[0], both[1]))
     apply = kernels["sgd_apply"]
@@ -1249,7 +1281,7 @@ def _sgd_core(
 
 
 def _check_sgd_hyper(name: str, h: SGDHyper) -> SGDHyper:
-    lr, weight_decay, maximize, config = h
+    lr, weight_decay, maximize, config, lr_ratio = h
     if not isinstance(config, AMConfig):
         raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
     return SGDHyper(
@@ -1257,6 +1289,7 @@ def _check_sgd_hyper(name: str, h: SGDHyper) -> SGDHyper:
         check_nonnegative("weight_decay", weight_decay),
         check_bool("maximize", maximize),
         config,
+        check_nonnegative("lr_ratio", lr_ratio),
     )
 
 
@@ -1384,7 +1417,7 @@ def _adam_core(
     """Reduce, rule and apply of an AM-Adam(W) step over ``plan``; ``steps``: the counters
     before the step. Returns per sums array the betas and the new products (the old ones
     where ``found_inf`` skips the step)."""
-    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config, lr_ratio = h
     grad_scale, found_inf = amp
     interpret = _interpret()
     kernels = _kernels(interpret)
@@ -1392,7 +1425,7 @@ def _adam_core(
     tl_dtypes = _tl_dtypes()
     l2 = weight_decay if weight_decay_mode == "l2" else 0.0
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
-    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd)
+    weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, lr_ratio=lr_ratio)
     if wd == 0:
         decay_mode, decay = 0, 1.0
     elif weight_decay_mode == "proximal":
@@ -1430,6 +1463,7 @@ def _adam_core(
             MASKED=masked,
             ALIGNED=launch.aligned,
             HAS_WD=wd != 0,
+            HAS_GD=weights[2] != 0,
             **flags,
             **options,
         )
@@ -1437,10 +1471,15 @@ def _adam_core(
     sums = _reduce_and_sum(plan, launch_reduce, kernels, options, sync)
     make = kernels.get("rule")
     betas = []
-    for s in sums:  # the linearised numerator: lr and weight_decay are in the sums
-        one = _fused_rule(make, _rule.adam_beta, config, s, 1, s.dtype, interpret)
+    for s, prod in zip(sums, prods, strict=True):  # the linearised numerator: lr, weight
+        # decay and r are in the sums; a scope's first step (its product still 1) is the
+        # rule's fourth input
+        first = (prod == 1.0).to(s.dtype).reshape(-1, 1).expand(s.shape[0], 1)
+        s4 = torch.cat([s, first], 1)
+        one = _fused_rule(make, _rule.adam_beta, config, s4, 1, s.dtype, interpret, "first")
         if one is None:
-            betas.append(_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd))
+            first_k = s4[:, 3] if s.dim() == 2 else s4[..., 3]
+            betas.append(_rule.adam_beta(torch, s, config, lr=lr, weight_decay=wd, first=first_k))
         else:
             betas.append(one[0])
     apply = kernels["adam_apply"]
@@ -1481,7 +1520,7 @@ def _adam_core(
 
 
 def _check_adam_hyper(name: str, h: AdamHyper) -> AdamHyper:
-    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config = h
+    lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config, lr_ratio = h
     if not isinstance(config, AMConfig):
         raise TypeError(f"{name}: config must be an AMConfig; got {config!r}")
     check_choice("weight_decay_mode", weight_decay_mode, _rule.WEIGHT_DECAY_MODES)
@@ -1493,6 +1532,7 @@ def _check_adam_hyper(name: str, h: AdamHyper) -> AdamHyper:
         weight_decay_mode,
         check_bool("maximize", maximize),
         config,
+        check_nonnegative("lr_ratio", lr_ratio),
     )
 
 

@@ -74,7 +74,7 @@
 AM_EXPORT int am_tape_eval(const am_insn *code, int64_t ncode, const double *in, int64_t rows,
                            int64_t n_in, const int64_t *outs, int64_t nouts, double *out) {
     double r[AM_MAX_TAPE];
-    if (am_check_tape(code, ncode, outs, nouts)) return -1;
+    if (am_check_tape(code, ncode, outs, nouts, n_in)) return -1;
     for (int64_t j = 0; j < rows; j++) {
         if (am_run_tape(code, ncode, in + j * n_in, n_in, r)) return -1;
         for (int64_t o = 0; o < nouts; o++) out[j * nouts + o] = r[outs[o]];

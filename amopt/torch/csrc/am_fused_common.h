@@ -9,7 +9,7 @@
 #include <omp.h>
 #endif
 
-#define AM_ABI_VERSION 5
+#define AM_ABI_VERSION 6
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AM_X86_SIMD 1
@@ -217,12 +217,13 @@ static int am_run_tape(const am_insn *code, int64_t n, const double *in, int64_t
     return 0;
 }
 
-/* 0 when the tape runs and its outputs are registers of it (checked before a step
-   touches any tensor), else -1. */
+/* 0 when the tape runs on n_in (at most 8) inputs and its outputs are registers of it
+   (checked before a step touches any tensor), else -1. */
 static inline int am_check_tape(const am_insn *code, int64_t ncode, const int64_t *outs,
-                                int64_t nouts) {
-    double zero[3] = {0.0, 0.0, 0.0}, r[AM_MAX_TAPE];
-    if (am_run_tape(code, ncode, zero, 3, r)) return -1;
+                                int64_t nouts, int64_t n_in) {
+    double zero[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0}, r[AM_MAX_TAPE];
+    if (n_in < 0 || n_in > 8) return -1;
+    if (am_run_tape(code, ncode, zero, n_in, r)) return -1;
     for (int64_t o = 0; o < nouts; o++)
         if (outs[o] < 0 || outs[o] >= ncode) return -1;
     return 0;

@@ -470,21 +470,25 @@ AM_EXPORT int AM_FN(adam_apply)(int64_t count, const int64_t *numel, void *const
    run the rule's tape (amopt/_tape.py) on each scope's sums, apply the chunk while it is
    still in cache. per_layer: one scope per tensor; else one chunk of every tensor and
    one scope, the sum of their rows. outs: the registers of beta (and gamma). The outputs
-   are rounded to the parameter dtype. Returns 0, or -1 for a malformed tape. */
+   are rounded to the parameter dtype. extra: the rule's fourth input of tensor j's scope,
+   extra[j * extra_stride] (the learning-rate ratio r, stride 0; AM-Adam's first-step
+   flag; the global scope's at extra[0]). Returns 0, or -1 for a malformed tape. */
 static int AM_FN(scope_rule)(const am_insn *code, int64_t ncode, const int64_t *outs,
                              int64_t nouts, const double *sums, int64_t a, int64_t b,
-                             int64_t per_layer, TYPE *const *dst) {
+                             int64_t per_layer, TYPE *const *dst, const double *extra,
+                             int64_t extra_stride) {
     double r[AM_MAX_TAPE];
     if (!per_layer) {
-        double total[3] = {0.0, 0.0, 0.0};
+        double total[4] = {0.0, 0.0, 0.0, extra[0]};
         for (int64_t j = a; j < b; j++)
             for (int k = 0; k < 3; k++) total[k] += sums[3 * j + k];
-        if (am_run_tape(code, ncode, total, 3, r)) return -1;
+        if (am_run_tape(code, ncode, total, 4, r)) return -1;
         for (int64_t o = 0; o < nouts; o++) dst[o][0] = (TYPE)r[outs[o]];
         return 0;
     }
     for (int64_t j = a; j < b; j++) {
-        if (am_run_tape(code, ncode, sums + 3 * j, 3, r)) return -1;
+        double in[4] = {sums[3 * j], sums[3 * j + 1], sums[3 * j + 2], extra[j * extra_stride]};
+        if (am_run_tape(code, ncode, in, 4, r)) return -1;
         for (int64_t o = 0; o < nouts; o++) dst[o][j] = (TYPE)r[outs[o]];
     }
     return 0;
@@ -495,15 +499,17 @@ AM_EXPORT int AM_FN(sgd_step)(int64_t count, const int64_t *numel, void *const *
                               const double *hp, int64_t nthreads, const int64_t *chunks,
                               int64_t nchunks, int64_t per_layer, const am_insn *code,
                               int64_t ncode, const int64_t *outs, double *sums, TYPE *betas,
-                              TYPE *gammas) {
+                              TYPE *gammas, const double *extra, int64_t extra_stride) {
     TYPE *dst[2] = {betas, gammas};
     (void)count;
-    if (am_check_tape(code, ncode, outs, 2)) return -1;
+    if (am_check_tape(code, ncode, outs, 2, 4)) return -1;
     for (int64_t q = 0; q < nchunks; q++) {
         int64_t a = chunks[2 * q], b = chunks[2 * q + 1];
         AM_FN(sgd_reduce)(b - a, numel + a, xs + a, gs + a, ds + a, first + a, hp, nthreads,
                           sums + 3 * a);
-        if (AM_FN(scope_rule)(code, ncode, outs, 2, sums, a, b, per_layer, dst)) return -1;
+        if (AM_FN(scope_rule)(code, ncode, outs, 2, sums, a, b, per_layer, dst, extra,
+                              extra_stride))
+            return -1;
         AM_FN(sgd_apply)(b - a, numel + a, xs + a, gs + a, ds + a, first + a,
                          per_layer ? gammas + a : gammas, per_layer, hp, nthreads);
     }
@@ -516,15 +522,18 @@ AM_EXPORT int AM_FN(adam_step)(int64_t count, const int64_t *numel, void *const 
                                const double *hp, int64_t mode, int64_t nthreads,
                                const int64_t *chunks, int64_t nchunks, int64_t per_layer,
                                const am_insn *code, int64_t ncode, const int64_t *outs,
-                               double *sums, TYPE *betas) {
+                               double *sums, TYPE *betas, const double *extra,
+                               int64_t extra_stride) {
     TYPE *dst[1] = {betas};
     (void)count;
-    if (am_check_tape(code, ncode, outs, 1)) return -1;
+    if (am_check_tape(code, ncode, outs, 1, 4)) return -1;
     for (int64_t q = 0; q < nchunks; q++) {
         int64_t a = chunks[2 * q], b = chunks[2 * q + 1];
         AM_FN(adam_reduce)(b - a, numel + a, xs + a, gs + a, ds + a, vs + a,
                            c + a * c_stride, c_stride, ib2 + a, hp, nthreads, sums + 3 * a);
-        if (AM_FN(scope_rule)(code, ncode, outs, 1, sums, a, b, per_layer, dst)) return -1;
+        if (AM_FN(scope_rule)(code, ncode, outs, 1, sums, a, b, per_layer, dst, extra,
+                              extra_stride))
+            return -1;
         AM_FN(adam_apply)(b - a, numel + a, xs + a, gs + a, ds + a, vs + a, c + a * c_stride,
                           c_stride, ib2 + a, per_layer ? betas + a : betas, per_layer, hp, mode,
                           nthreads);
