@@ -1,4 +1,19 @@
-"""Cache directory, download and checksum verification of data files."""
+"""Data and cache directories, download and checksum verification of data files.
+
+Two directories, never confused:
+
+* the *data home* (:func:`get_data_home`): where LIBSVM files are looked up and
+  downloaded to, ``cache_dir=``, else ``$AMOPT_DATA_DIR``, else the cache home. A
+  folder named by ``AMOPT_DATA_DIR`` may be shared and read-only: amopt only reads
+  it, and writes there only a download that was asked for (a missing file) and its
+  ``.sha256`` record;
+* the *cache home* (:func:`get_cache_home`): what amopt computes and may recompute,
+  ``$AMOPT_CACHE_DIR``, else the platform's user cache directory
+  (``$XDG_CACHE_HOME/amopt`` or ``~/.cache/amopt`` on Linux,
+  ``~/Library/Caches/amopt`` on macOS, ``%LOCALAPPDATA%\\amopt\\Cache`` on Windows):
+  reference solutions (``reference/``) and the SHA-256 recorded for a LIBSVM file
+  placed by hand in a data folder (``checksums/``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +22,7 @@ import gzip
 import hashlib
 import http.client
 import os
+import platform
 import tempfile
 import urllib.error
 import urllib.request
@@ -20,11 +36,13 @@ __all__ = [
     "ChecksumError",
     "DownloadError",
     "fetch_libsvm",
+    "get_cache_home",
     "get_data_home",
     "sha256_file",
 ]
 
 _ENV_VAR = "AMOPT_DATA_DIR"
+_CACHE_ENV_VAR = "AMOPT_CACHE_DIR"
 
 
 class DownloadError(OSError):
@@ -37,12 +55,80 @@ class ChecksumError(OSError):
     number of samples."""
 
 
+def _check_dir_arg(name: str, value: Any) -> Path:
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{name} must be a path or None, got {type(value).__name__}")
+    if not os.fspath(value):
+        raise ValueError(f"{name} must be a non-empty path or None, got ''")
+    return Path(value).expanduser()
+
+
+def user_cache_dir(system: str | None = None, environ: Any = None) -> Path:
+    """The platform's per-user cache directory for amopt (``AMOPT_CACHE_DIR`` ignored).
+
+    Linux and other Unix systems: ``$XDG_CACHE_HOME/amopt``, else
+    ``~/.cache/amopt``; macOS: ``~/Library/Caches/amopt``; Windows:
+    ``%LOCALAPPDATA%\\amopt\\Cache`` (else ``~\\AppData\\Local\\amopt\\Cache``), the
+    directories ``platformdirs.user_cache_dir("amopt", appauthor=False)`` gives.
+    ``system`` (a :func:`platform.system` name) and ``environ`` default to this machine's.
+    """
+    system = platform.system() if system is None else system
+    env = os.environ if environ is None else environ
+    if system == "Windows":
+        base = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
+        return Path(base) / "amopt" / "Cache"
+    if system == "Darwin":
+        return Path(os.path.expanduser("~")) / "Library" / "Caches" / "amopt"
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative value is ignored
+        return Path(xdg) / "amopt"
+    return Path(os.path.expanduser("~")) / ".cache" / "amopt"
+
+
+def get_cache_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The directory amopt keeps what it computes in (reference solutions, recorded checksums).
+
+    Resolution order: the ``cache_dir`` argument, the ``AMOPT_CACHE_DIR``
+    environment variable, then the platform's user cache directory
+    (``$XDG_CACHE_HOME/amopt`` or ``~/.cache/amopt`` on Linux,
+    ``~/Library/Caches/amopt`` on macOS, ``%LOCALAPPDATA%\\amopt\\Cache`` on
+    Windows). Never a data folder: ``AMOPT_DATA_DIR`` plays no part. The
+    directory is not created here. Everything in it may be deleted at any time;
+    it is recomputed when needed.
+
+    Parameters
+    ----------
+    cache_dir : path-like, optional
+        Explicit directory; wins over the environment variable.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Examples
+    --------
+    >>> from amopt.datasets import get_cache_home
+    >>> str(get_cache_home("/tmp/amopt-cache"))
+    '/tmp/amopt-cache'
+    """
+    if cache_dir is not None:
+        return _check_dir_arg("cache_dir", cache_dir)
+    env = os.environ.get(_CACHE_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    return user_cache_dir()
+
+
 def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The directory amopt stores downloaded data and cached reference solutions in.
+    """The directory amopt looks for LIBSVM files in and downloads them to.
 
     Resolution order: the ``cache_dir`` argument, the ``AMOPT_DATA_DIR``
-    environment variable, then ``~/.cache/amopt``. LIBSVM files live in the
-    ``libsvm/`` subdirectory. The directory is not created here.
+    environment variable, then the cache home (:func:`get_cache_home`:
+    ``$AMOPT_CACHE_DIR``, else the platform's user cache directory, e.g.
+    ``~/.cache/amopt`` on Linux). LIBSVM files live in the ``libsvm/``
+    subdirectory. The directory is not created here. Reference solutions are
+    not kept here but in :func:`get_cache_home`, so a data folder may be
+    read-only.
 
     Parameters
     ----------
@@ -60,15 +146,11 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     '/tmp/amopt-data'
     """
     if cache_dir is not None:
-        if not isinstance(cache_dir, str | os.PathLike):
-            raise TypeError(f"cache_dir must be a path or None, got {type(cache_dir).__name__}")
-        if not os.fspath(cache_dir):
-            raise ValueError("cache_dir must be a non-empty path or None, got ''")
-        return Path(cache_dir).expanduser()
+        return _check_dir_arg("cache_dir", cache_dir)
     env = os.environ.get(_ENV_VAR)
     if env:
         return Path(env).expanduser()
-    return Path.home() / ".cache" / "amopt"
+    return get_cache_home()
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
