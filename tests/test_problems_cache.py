@@ -255,9 +255,7 @@ def test_user_cache_dir_matches_platformdirs(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert _download.user_cache_dir("Linux") == Path(
-        Unix("amopt").user_cache_dir
-    )
+    assert _download.user_cache_dir("Linux") == Path(Unix("amopt").user_cache_dir)
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert str(_download.user_cache_dir("Linux")) == Unix("amopt").user_cache_dir
     assert str(_download.user_cache_dir("Darwin")) == MacOS("amopt").user_cache_dir
@@ -271,9 +269,7 @@ def test_user_cache_dir_matches_platformdirs(tmp_path, monkeypatch):
     assert get_cache_home(tmp_path / "arg") == tmp_path / "arg"
 
 
-def test_a_long_solve_says_what_it_computes_and_where_it_is_cached(
-    tmp_path, monkeypatch, capsys
-):
+def test_a_long_solve_says_what_it_computes_and_where_it_is_cached(tmp_path, monkeypatch, capsys):
     X, y = _data()
     monkeypatch.setattr(_reference, "_MEMORY", {})
     monkeypatch.setattr(_reference, "NOTICE_AFTER_S", 0.0)  # every solve counts as long
