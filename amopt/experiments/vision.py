@@ -708,4 +708,5 @@ def summary_markdown(result: dict[str, Any]) -> str:
             rows,
         )
     )
-    return markdown_summary(result, *blocks)
+    # the title of results stored before the optimizer was named AMSGD in the figures
+    return markdown_summary({**result, "title": TITLE}, *blocks)
