@@ -252,16 +252,37 @@ def _sidecar(dest: Path) -> Path:
     return dest.with_name(dest.name + ".sha256")
 
 
-def _read_sidecar(dest: Path) -> str | None:
-    """The SHA-256 recorded for ``dest`` at its download, or None if none is readable."""
+def _cache_record(dest: Path) -> Path:
+    """Where the SHA-256 of a file placed by hand in a data folder is recorded: the cache
+    home's ``checksums/`` (one entry per absolute path), never the data folder."""
+    where = hashlib.sha256(os.fsencode(os.path.abspath(dest))).hexdigest()[:16]
+    return get_cache_home() / "checksums" / f"{where}-{dest.name}.sha256"
+
+
+def _read_digest(path: Path) -> str | None:
     try:
-        text = _sidecar(dest).read_text(encoding="ascii", errors="replace")
+        text = path.read_text(encoding="ascii", errors="replace")
     except OSError:
         return None
     digest = text.split()[0].lower() if text.split() else ""
     if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
         return digest
     return None
+
+
+def _read_sidecar(dest: Path) -> str | None:
+    """The SHA-256 recorded for ``dest`` at its download, or None if none is readable."""
+    return _recorded(dest)[0]
+
+
+def _recorded(dest: Path) -> tuple[str | None, Path]:
+    """The SHA-256 recorded for ``dest`` and where: beside it (a download), else in the
+    cache home (a file placed by hand in a data folder); ``(None, beside)`` if neither."""
+    for path in (_sidecar(dest), _cache_record(dest)):
+        digest = _read_digest(path)
+        if digest is not None:
+            return digest, path
+    return None, _sidecar(dest)
 
 
 def _write_atomic(dest: Path, data: bytes) -> None:
@@ -448,9 +469,9 @@ def fetch_libsvm(
     url = info.url(base_url)
     expected, expected_from = info.sha256, "registered"
     if expected is None:
-        expected = _read_sidecar(dest)
+        expected, record = _recorded(dest)
         expected_from = (
-            f"recorded in {_sidecar(dest)} when it was first downloaded or checked; delete "
+            f"recorded in {record} when it was first downloaded or checked; delete "
             "that file to accept a new version of the data"
         )
     if dest.exists():
@@ -461,7 +482,10 @@ def fetch_libsvm(
             # knows of the file, its number of samples, must hold; then its hash is recorded
             problem = _rows_problem(dest, name, info.n_samples)
             if problem is None:
-                _record(dest, sha256_file(dest))
+                # in a data folder (AMOPT_DATA_DIR, maybe shared and read-only) the hash
+                # goes to the cache home; in amopt's own download cache, beside the file
+                data_folder = cache_dir is None and bool(os.environ.get(_ENV_VAR))
+                _record(dest, sha256_file(dest), _cache_record(dest) if data_folder else None)
                 return dest
             problem = f"cached file {problem} (no SHA-256 was recorded for it)"
         else:
@@ -530,10 +554,12 @@ def _verify_rows(dest: Path, name: str, n_samples: int, url: str, digest: str) -
         )
 
 
-def _record(dest: Path, digest: str) -> None:
-    """Record ``digest`` for ``dest`` where none is; a cache that cannot be written keeps
-    none (the samples are then counted again at the next use)."""
+def _record(dest: Path, digest: str, where: Path | None = None) -> None:
+    """Record ``digest`` for ``dest`` in ``where`` (default: beside it); a cache that cannot
+    be written keeps none (the samples are then counted again at the next use)."""
+    where = _sidecar(dest) if where is None else where
     try:
-        _write_atomic(_sidecar(dest), f"{digest}  {dest.name}\n".encode("ascii"))
+        where.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(where, f"{digest}  {dest.name}\n".encode("ascii"))
     except OSError:
         pass
