@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="data folder (default: $AMOPT_DATA_DIR, else ~/.cache/amopt) with the layout "
+        help="data folder, only read apart from downloads (default: $AMOPT_DATA_DIR, else the "
+        "user cache directory: $AMOPT_CACHE_DIR, else ~/.cache/amopt on Linux) with the layout "
         "libsvm/<LIBSVM file>, fashion-mnist/<the four *-ubyte.gz IDX files>, "
         "text/tinyshakespeare/input.txt; LIBSVM and tiny-shakespeare downloads go there too",
     )

@@ -48,8 +48,8 @@ class RunContext:
     seed : int
         Base seed; every random choice of the experiment derives from it.
     data_dir : pathlib.Path or None
-        ``--data-dir``: the data folder (None: ``$AMOPT_DATA_DIR``, else
-        ``~/.cache/amopt``; see :mod:`amopt.experiments._data` for its layout).
+        ``--data-dir``: the data folder (None: ``$AMOPT_DATA_DIR``, else the user
+        cache directory; see :mod:`amopt.experiments._data` for its layout).
     download : bool
         Download a missing data set that has a public URL and a checksum into the
         data folder (``--no-download`` turns it off).

@@ -66,6 +66,10 @@ if not logger.handlers:
     logger.propagate = False
 
 
+#: What the key prefix of a problem names, for the notice.
+_KINDS = {"logreg": "logistic regression", "huber": "Huber regression"}
+
+
 class _Notice:
     """Logs one line once a solve has run for :data:`NOTICE_AFTER_S` seconds."""
 
@@ -182,8 +186,8 @@ def solve_reference(
             return _for_request(sol, gtol)
 
     notice = _Notice(
-        f"the reference solution (x*, f*) of {key.split('-')[0]} (dim {math.prod(np.shape(x0))}) "
-        f"to max|grad| <= {gtol:g}", path,
+        f"the reference solution (x*, f*) of a {_KINDS.get(key.split('-')[0], key)} problem "
+        f"(dim {math.prod(np.shape(x0))}) to max|grad| <= {gtol:g}", path,
     )  # fmt: skip
 
     def fg_noticed(z: np.ndarray) -> tuple[float, np.ndarray]:
