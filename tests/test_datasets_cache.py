@@ -206,6 +206,9 @@ def test_data_dir_that_is_a_file_names_the_variable_and_path(mirror, tmp_path, m
     assert f"cache_dir={str(not_a_dir)!r}" in msg and "AMOPT_DATA_DIR" in msg
     # The default directory (variable unset) is named with the variable to set.
     monkeypatch.delenv("AMOPT_DATA_DIR")
+    monkeypatch.delenv("AMOPT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr("platform.system", lambda: "Linux")
     monkeypatch.setenv("HOME", str(not_a_dir))
     with pytest.raises(OSError) as info:
         fetch_libsvm(NO_HASH, base_url=base_url)
