@@ -294,3 +294,27 @@ def test_a_long_solve_says_what_it_computes_and_where_it_is_cached(tmp_path, mon
     finally:
         logging.getLogger("amopt.cache").setLevel(logging.INFO)
     assert "amopt:" not in capsys.readouterr().err
+
+
+def test_experiments_route_the_notice_through_their_log(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tqdm")
+    from amopt.experiments import RunContext
+
+    X, y = _data()
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    monkeypatch.setattr(_reference, "NOTICE_AFTER_S", 0.0)
+    logged: list[str] = []
+    ctx = RunContext(out=tmp_path)
+    monkeypatch.setattr(ctx, "log", logged.append)
+    with ctx.cache_notices():
+        LogisticRegression(X, y, l2=L2).reference_solution(cache_dir=tmp_path)
+    assert len(logged) == 1 and logged[0].startswith("amopt: computing the reference solution")
+    assert capsys.readouterr().err == ""  # once, through the log, not also on stderr
+    # --quiet: nothing at all; outside the block the logger prints to stderr again
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    with RunContext(out=tmp_path, quiet=True).cache_notices():
+        LogisticRegression(X, y, l2=2 * L2).reference_solution(cache_dir=tmp_path)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    LogisticRegression(X, y, l2=3 * L2).reference_solution(cache_dir=tmp_path)
+    assert "amopt: computing" in capsys.readouterr().err
