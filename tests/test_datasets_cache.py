@@ -206,6 +206,9 @@ def test_data_dir_that_is_a_file_names_the_variable_and_path(mirror, tmp_path, m
     assert f"cache_dir={str(not_a_dir)!r}" in msg and "AMOPT_DATA_DIR" in msg
     # The default directory (variable unset) is named with the variable to set.
     monkeypatch.delenv("AMOPT_DATA_DIR")
+    monkeypatch.delenv("AMOPT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr("platform.system", lambda: "Linux")
     monkeypatch.setenv("HOME", str(not_a_dir))
     with pytest.raises(OSError) as info:
         fetch_libsvm(NO_HASH, base_url=base_url)
@@ -230,3 +233,35 @@ def test_read_only_data_dir_names_the_variable_and_path(mirror, tmp_path, monkey
         assert str(home / "libsvm") in str(info.value)
     finally:
         home.chmod(0o700)
+
+
+def _tree(root: Path) -> dict:
+    """Every path under ``root`` with its size and modification time (a write changes it)."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    } | {".": root.stat().st_mtime_ns}
+
+
+def test_file_placed_by_hand_in_a_data_folder_is_recorded_in_the_cache_dir(tmp_path, monkeypatch):
+    """A data folder (AMOPT_DATA_DIR, maybe shared) is only read: the SHA-256 recorded for
+    a copy placed there by hand goes to AMOPT_CACHE_DIR, and guards the copy as before."""
+    data, cache = tmp_path / "data", tmp_path / "cache"
+    placed = data / "libsvm" / dataset_info(NO_HASH).file_name
+    placed.parent.mkdir(parents=True)
+    text = _libsvm_text(ROWS, 13)
+    placed.write_bytes(text)
+    monkeypatch.setenv("AMOPT_DATA_DIR", str(data))
+    monkeypatch.setenv("AMOPT_CACHE_DIR", str(cache))
+    before = _tree(data)
+    assert fetch_libsvm(NO_HASH, download=False) == placed
+    X, _ = load_libsvm(NO_HASH, download=False)
+    assert X.shape[0] == ROWS
+    assert _tree(data) == before  # nothing written or touched in the data folder
+    (record,) = (cache / "checksums").glob(f"*-{placed.name}.sha256")
+    assert record.read_text().split()[0] == _sha(text)
+    # the recorded hash guards the copy: a later truncation is a hash mismatch naming it
+    placed.write_bytes(text[:-40])
+    with pytest.raises(ChecksumError, match="has sha256") as info:
+        fetch_libsvm(NO_HASH, download=False)
+    assert str(record) in str(info.value) and _sha(text) in str(info.value)

@@ -174,8 +174,14 @@ def test_data_folder_order(monkeypatch, tmp_path):
     assert data_folder(tmp_path / "explicit") == tmp_path / "explicit"
     assert data_folder() == tmp_path / "env"
     monkeypatch.delenv(ENV_VAR)
+    monkeypatch.delenv("AMOPT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr("platform.system", lambda: "Linux")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert data_folder() == tmp_path / "home" / ".cache" / "amopt"
+    # without a data folder, the user cache directory: AMOPT_CACHE_DIR if set
+    monkeypatch.setenv("AMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    assert data_folder() == tmp_path / "cache"
 
 
 @pytest.mark.parametrize(

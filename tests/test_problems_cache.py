@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
+import platform
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,3 +180,141 @@ def test_unwritable_cache_directory_is_not_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(_reference, "_MEMORY", {})
     sol = LogisticRegression(X, y, l2=L2).reference_solution(cache_dir=blocker)
     assert sol.converged
+
+
+# --------------------------------------------------------------------------- where, and said
+
+
+def _tree(root):
+    """Every path under ``root`` with its size and modification time (a write changes it)."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    } | {".": root.stat().st_mtime_ns}
+
+
+def _write_libsvm(path, X, y):
+    lines = [
+        " ".join([f"{int(t):+d}"] + [f"{j + 1}:{v:.17g}" for j, v in enumerate(row)])
+        for row, t in zip(X, y, strict=True)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def data_folder(tmp_path, monkeypatch):
+    """A data folder (``AMOPT_DATA_DIR``) holding one LIBSVM file, read-only; an empty
+    cache directory (``AMOPT_CACHE_DIR``); an empty in-memory cache."""
+    pytest.importorskip("sklearn")
+    data = tmp_path / "data"
+    (data / "libsvm").mkdir(parents=True)
+    X, y = _data()
+    _write_libsvm(data / "libsvm" / "mine", X, y)
+    for p in (data / "libsvm", data):
+        p.chmod(0o555)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("AMOPT_DATA_DIR", str(data))
+    monkeypatch.setenv("AMOPT_CACHE_DIR", str(cache))
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    yield data, cache
+    for p in (data, data / "libsvm"):
+        p.chmod(0o755)
+
+
+def test_reference_is_cached_in_the_cache_dir_never_in_the_data_folder(data_folder, exact):
+    data, cache = data_folder
+    before = _tree(data)
+    prob = LogisticRegression.from_libsvm(data / "libsvm" / "mine", l2=L2)
+    f_star = prob.f_star
+    assert f_star == pytest.approx(exact[1], abs=1e-13)  # the file holds the same data
+    assert _tree(data) == before  # nothing written, created or touched in the data folder
+    (entry,) = (cache / "reference").glob("logreg-*.npz")
+    with np.load(entry) as z:
+        np.testing.assert_allclose(z["x"], exact[0], atol=1e-7)
+
+
+def test_default_cache_dir_is_the_platform_user_cache_dir(tmp_path, monkeypatch):
+    X, y = _data()
+    monkeypatch.delenv("AMOPT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("AMOPT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    LogisticRegression(X, y, l2=L2).reference_solution()
+    assert len(list((tmp_path / "xdg" / "amopt" / "reference").glob("logreg-*.npz"))) == 1
+    assert not (tmp_path / "data").exists() and not (tmp_path / "home").exists()
+
+
+def test_user_cache_dir_matches_platformdirs(tmp_path, monkeypatch):
+    pytest.importorskip("platformdirs")
+    from platformdirs.macos import MacOS
+    from platformdirs.unix import Unix
+
+    from amopt.datasets import _download, get_cache_home
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _download.user_cache_dir("Linux") == Path(Unix("amopt").user_cache_dir)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert str(_download.user_cache_dir("Linux")) == Unix("amopt").user_cache_dir
+    assert str(_download.user_cache_dir("Darwin")) == MacOS("amopt").user_cache_dir
+    # Windows: CSIDL_LOCAL_APPDATA is %LOCALAPPDATA%; platformdirs appends <app>\Cache
+    local = str(tmp_path / "Local")
+    got = _download.user_cache_dir("Windows", {"LOCALAPPDATA": local})
+    assert got == Path(local, "amopt", "Cache")
+    # AMOPT_CACHE_DIR wins over the platform's directory, cache_dir= over both
+    monkeypatch.setenv("AMOPT_CACHE_DIR", str(tmp_path / "mine"))
+    assert get_cache_home() == tmp_path / "mine"
+    assert get_cache_home(tmp_path / "arg") == tmp_path / "arg"
+
+
+def test_a_long_solve_says_what_it_computes_and_where_it_is_cached(tmp_path, monkeypatch, capsys):
+    X, y = _data()
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    monkeypatch.setattr(_reference, "NOTICE_AFTER_S", 0.0)  # every solve counts as long
+    sol = LogisticRegression(X, y, l2=L2).reference_solution(cache_dir=tmp_path)
+    err = capsys.readouterr().err
+    (entry,) = (tmp_path / "reference").glob("logreg-*.npz")
+    lines = [line for line in err.splitlines() if line.startswith("amopt:")]
+    assert len(lines) == 1, err  # one line, not one per iteration
+    assert "reference solution (x*, f*)" in lines[0] and str(entry) in lines[0]
+    assert sol.nit > 0
+    # A cached answer (no solve) and a quick solve print nothing.
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    LogisticRegression(X, y, l2=L2).reference_solution(cache_dir=tmp_path)
+    monkeypatch.setattr(_reference, "NOTICE_AFTER_S", 60.0)
+    LogisticRegression(X, y, l2=2 * L2).reference_solution(cache_dir=tmp_path)
+    assert "amopt:" not in capsys.readouterr().err
+    # The notice can be silenced as any logger.
+    monkeypatch.setattr(_reference, "NOTICE_AFTER_S", 0.0)
+    logging.getLogger("amopt.cache").setLevel(logging.WARNING)
+    try:
+        LogisticRegression(X, y, l2=3 * L2).reference_solution(cache_dir=tmp_path)
+    finally:
+        logging.getLogger("amopt.cache").setLevel(logging.INFO)
+    assert "amopt:" not in capsys.readouterr().err
+
+
+def test_experiments_route_the_notice_through_their_log(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tqdm")
+    from amopt.experiments import RunContext
+
+    X, y = _data()
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    monkeypatch.setattr(_reference, "NOTICE_AFTER_S", 0.0)
+    logged: list[str] = []
+    ctx = RunContext(out=tmp_path)
+    monkeypatch.setattr(ctx, "log", logged.append)
+    with ctx.cache_notices():
+        LogisticRegression(X, y, l2=L2).reference_solution(cache_dir=tmp_path)
+    assert len(logged) == 1 and logged[0].startswith("amopt: computing the reference solution")
+    assert capsys.readouterr().err == ""  # once, through the log, not also on stderr
+    # --quiet: nothing at all; outside the block the logger prints to stderr again
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    with RunContext(out=tmp_path, quiet=True).cache_notices():
+        LogisticRegression(X, y, l2=2 * L2).reference_solution(cache_dir=tmp_path)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(_reference, "_MEMORY", {})
+    LogisticRegression(X, y, l2=3 * L2).reference_solution(cache_dir=tmp_path)
+    assert "amopt: computing" in capsys.readouterr().err

@@ -1,4 +1,19 @@
-"""Cache directory, download and checksum verification of data files."""
+"""Data and cache directories, download and checksum verification of data files.
+
+Two directories, never confused:
+
+* the *data home* (:func:`get_data_home`): where LIBSVM files are looked up and
+  downloaded to, ``cache_dir=``, else ``$AMOPT_DATA_DIR``, else the cache home. A
+  folder named by ``AMOPT_DATA_DIR`` may be shared and read-only: amopt only reads
+  it, and writes there only a download that was asked for (a missing file) and its
+  ``.sha256`` record;
+* the *cache home* (:func:`get_cache_home`): what amopt computes and may recompute,
+  ``$AMOPT_CACHE_DIR``, else the platform's user cache directory
+  (``$XDG_CACHE_HOME/amopt`` or ``~/.cache/amopt`` on Linux,
+  ``~/Library/Caches/amopt`` on macOS, ``%LOCALAPPDATA%\\amopt\\Cache`` on Windows):
+  reference solutions (``reference/``) and the SHA-256 recorded for a LIBSVM file
+  placed by hand in a data folder (``checksums/``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +22,7 @@ import gzip
 import hashlib
 import http.client
 import os
+import platform
 import tempfile
 import urllib.error
 import urllib.request
@@ -20,11 +36,13 @@ __all__ = [
     "ChecksumError",
     "DownloadError",
     "fetch_libsvm",
+    "get_cache_home",
     "get_data_home",
     "sha256_file",
 ]
 
 _ENV_VAR = "AMOPT_DATA_DIR"
+_CACHE_ENV_VAR = "AMOPT_CACHE_DIR"
 
 
 class DownloadError(OSError):
@@ -37,12 +55,80 @@ class ChecksumError(OSError):
     number of samples."""
 
 
+def _check_dir_arg(name: str, value: Any) -> Path:
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{name} must be a path or None, got {type(value).__name__}")
+    if not os.fspath(value):
+        raise ValueError(f"{name} must be a non-empty path or None, got ''")
+    return Path(value).expanduser()
+
+
+def user_cache_dir(system: str | None = None, environ: Any = None) -> Path:
+    """The platform's per-user cache directory for amopt (``AMOPT_CACHE_DIR`` ignored).
+
+    Linux and other Unix systems: ``$XDG_CACHE_HOME/amopt``, else
+    ``~/.cache/amopt``; macOS: ``~/Library/Caches/amopt``; Windows:
+    ``%LOCALAPPDATA%\\amopt\\Cache`` (else ``~\\AppData\\Local\\amopt\\Cache``), the
+    directories ``platformdirs.user_cache_dir("amopt", appauthor=False)`` gives.
+    ``system`` (a :func:`platform.system` name) and ``environ`` default to this machine's.
+    """
+    system = platform.system() if system is None else system
+    env = os.environ if environ is None else environ
+    if system == "Windows":
+        base = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
+        return Path(base) / "amopt" / "Cache"
+    if system == "Darwin":
+        return Path(os.path.expanduser("~")) / "Library" / "Caches" / "amopt"
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative value is ignored
+        return Path(xdg) / "amopt"
+    return Path(os.path.expanduser("~")) / ".cache" / "amopt"
+
+
+def get_cache_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The directory amopt keeps what it computes in (reference solutions, recorded checksums).
+
+    Resolution order: the ``cache_dir`` argument, the ``AMOPT_CACHE_DIR``
+    environment variable, then the platform's user cache directory
+    (``$XDG_CACHE_HOME/amopt`` or ``~/.cache/amopt`` on Linux,
+    ``~/Library/Caches/amopt`` on macOS, ``%LOCALAPPDATA%\\amopt\\Cache`` on
+    Windows). Never a data folder: ``AMOPT_DATA_DIR`` plays no part. The
+    directory is not created here. Everything in it may be deleted at any time;
+    it is recomputed when needed.
+
+    Parameters
+    ----------
+    cache_dir : path-like, optional
+        Explicit directory; wins over the environment variable.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Examples
+    --------
+    >>> from amopt.datasets import get_cache_home
+    >>> str(get_cache_home("/tmp/amopt-cache"))
+    '/tmp/amopt-cache'
+    """
+    if cache_dir is not None:
+        return _check_dir_arg("cache_dir", cache_dir)
+    env = os.environ.get(_CACHE_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    return user_cache_dir()
+
+
 def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The directory amopt stores downloaded data and cached reference solutions in.
+    """The directory amopt looks for LIBSVM files in and downloads them to.
 
     Resolution order: the ``cache_dir`` argument, the ``AMOPT_DATA_DIR``
-    environment variable, then ``~/.cache/amopt``. LIBSVM files live in the
-    ``libsvm/`` subdirectory. The directory is not created here.
+    environment variable, then the cache home (:func:`get_cache_home`:
+    ``$AMOPT_CACHE_DIR``, else the platform's user cache directory, e.g.
+    ``~/.cache/amopt`` on Linux). LIBSVM files live in the ``libsvm/``
+    subdirectory. The directory is not created here. Reference solutions are
+    not kept here but in :func:`get_cache_home`, so a data folder may be
+    read-only.
 
     Parameters
     ----------
@@ -60,15 +146,11 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     '/tmp/amopt-data'
     """
     if cache_dir is not None:
-        if not isinstance(cache_dir, str | os.PathLike):
-            raise TypeError(f"cache_dir must be a path or None, got {type(cache_dir).__name__}")
-        if not os.fspath(cache_dir):
-            raise ValueError("cache_dir must be a non-empty path or None, got ''")
-        return Path(cache_dir).expanduser()
+        return _check_dir_arg("cache_dir", cache_dir)
     env = os.environ.get(_ENV_VAR)
     if env:
         return Path(env).expanduser()
-    return Path.home() / ".cache" / "amopt"
+    return get_cache_home()
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
@@ -170,16 +252,37 @@ def _sidecar(dest: Path) -> Path:
     return dest.with_name(dest.name + ".sha256")
 
 
-def _read_sidecar(dest: Path) -> str | None:
-    """The SHA-256 recorded for ``dest`` at its download, or None if none is readable."""
+def _cache_record(dest: Path) -> Path:
+    """Where the SHA-256 of a file placed by hand in a data folder is recorded: the cache
+    home's ``checksums/`` (one entry per absolute path), never the data folder."""
+    where = hashlib.sha256(os.fsencode(os.path.abspath(dest))).hexdigest()[:16]
+    return get_cache_home() / "checksums" / f"{where}-{dest.name}.sha256"
+
+
+def _read_digest(path: Path) -> str | None:
     try:
-        text = _sidecar(dest).read_text(encoding="ascii", errors="replace")
+        text = path.read_text(encoding="ascii", errors="replace")
     except OSError:
         return None
     digest = text.split()[0].lower() if text.split() else ""
     if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
         return digest
     return None
+
+
+def _read_sidecar(dest: Path) -> str | None:
+    """The SHA-256 recorded for ``dest`` at its download, or None if none is readable."""
+    return _recorded(dest)[0]
+
+
+def _recorded(dest: Path) -> tuple[str | None, Path]:
+    """The SHA-256 recorded for ``dest`` and where: beside it (a download), else in the
+    cache home (a file placed by hand in a data folder); ``(None, beside)`` if neither."""
+    for path in (_sidecar(dest), _cache_record(dest)):
+        digest = _read_digest(path)
+        if digest is not None:
+            return digest, path
+    return None, _sidecar(dest)
 
 
 def _write_atomic(dest: Path, data: bytes) -> None:
@@ -366,9 +469,9 @@ def fetch_libsvm(
     url = info.url(base_url)
     expected, expected_from = info.sha256, "registered"
     if expected is None:
-        expected = _read_sidecar(dest)
+        expected, record = _recorded(dest)
         expected_from = (
-            f"recorded in {_sidecar(dest)} when it was first downloaded or checked; delete "
+            f"recorded in {record} when it was first downloaded or checked; delete "
             "that file to accept a new version of the data"
         )
     if dest.exists():
@@ -379,7 +482,10 @@ def fetch_libsvm(
             # knows of the file, its number of samples, must hold; then its hash is recorded
             problem = _rows_problem(dest, name, info.n_samples)
             if problem is None:
-                _record(dest, sha256_file(dest))
+                # in a data folder (AMOPT_DATA_DIR, maybe shared and read-only) the hash
+                # goes to the cache home; in amopt's own download cache, beside the file
+                data_folder = cache_dir is None and bool(os.environ.get(_ENV_VAR))
+                _record(dest, sha256_file(dest), _cache_record(dest) if data_folder else None)
                 return dest
             problem = f"cached file {problem} (no SHA-256 was recorded for it)"
         else:
@@ -448,10 +554,12 @@ def _verify_rows(dest: Path, name: str, n_samples: int, url: str, digest: str) -
         )
 
 
-def _record(dest: Path, digest: str) -> None:
-    """Record ``digest`` for ``dest`` where none is; a cache that cannot be written keeps
-    none (the samples are then counted again at the next use)."""
+def _record(dest: Path, digest: str, where: Path | None = None) -> None:
+    """Record ``digest`` for ``dest`` in ``where`` (default: beside it); a cache that cannot
+    be written keeps none (the samples are then counted again at the next use)."""
+    where = _sidecar(dest) if where is None else where
     try:
-        _write_atomic(_sidecar(dest), f"{digest}  {dest.name}\n".encode("ascii"))
+        where.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(where, f"{digest}  {dest.name}\n".encode("ascii"))
     except OSError:
         pass

@@ -15,13 +15,18 @@ line (:mod:`amopt.experiments.__main__`) writes, under ``<out>/<name>/``:
 the paper's claims next to what was measured). ``report`` rebuilds that file
 from the ``results.json`` files already in ``<out>``.
 
-Data: one folder, ``--data-dir DIR`` (else ``$AMOPT_DATA_DIR``, else
-``~/.cache/amopt``), laid out as ``libsvm/<LIBSVM file>``,
-``fashion-mnist/<the four IDX files>`` and ``text/tinyshakespeare/input.txt``
-(see :mod:`amopt.experiments._data`). ``--quick`` needs none of it: ``logreg``
-then uses the LIBSVM sets bundled with amopt; ``vision`` needs Fashion-MNIST in
-the folder (or the Debian package ``dataset-fashion-mnist``); ``llm``
-downloads tiny-shakespeare into the folder unless ``--no-download``.
+Data: one folder, ``--data-dir DIR`` (else ``$AMOPT_DATA_DIR``, else the user
+cache directory, ``~/.cache/amopt`` on Linux), only read apart from downloads;
+laid out as ``libsvm/<LIBSVM file>``, ``fashion-mnist/<the four IDX files>``
+and ``text/tinyshakespeare/input.txt`` (see :mod:`amopt.experiments._data`).
+``--quick`` needs none of it: ``logreg`` then uses the LIBSVM sets bundled with
+amopt; ``vision`` needs Fashion-MNIST in the folder (or the Debian package
+``dataset-fashion-mnist``); ``llm`` downloads tiny-shakespeare into the folder
+unless ``--no-download``. The reference solutions ``f*`` of ``logreg`` are
+cached in the user cache directory (``$AMOPT_CACHE_DIR``, else the platform's),
+never in the data folder; a solve that takes longer than 2 s says so in the log
+(``docs/caching.md``). An ``--out`` folder that cannot be written is refused
+before anything runs.
 
 Needs the ``experiments`` extra (matplotlib, tqdm, scikit-learn; torch and
 transformers for ``vision`` / ``llm``).

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="data folder (default: $AMOPT_DATA_DIR, else ~/.cache/amopt) with the layout "
+        help="data folder, only read apart from downloads (default: $AMOPT_DATA_DIR, else the "
+        "user cache directory: $AMOPT_CACHE_DIR, else ~/.cache/amopt on Linux) with the layout "
         "libsvm/<LIBSVM file>, fashion-mnist/<the four *-ubyte.gz IDX files>, "
         "text/tinyshakespeare/input.txt; LIBSVM and tiny-shakespeare downloads go there too",
     )
@@ -81,15 +84,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unusable_folder(out: Path, folders: list[Path]) -> str | None:
+    """Why results cannot be written under ``out`` (``--out``), or None.
+
+    Each folder of ``folders`` (``out`` and ``out/<name>``) is created if missing
+    and must take a file: the check writes (and deletes) a temporary file there, so
+    a read-only file system, missing permissions or a file in the way are found
+    before any experiment runs, not after its minutes of work.
+    """
+    for folder in folders:
+        for parent in (folder, *folder.parents):
+            if parent.exists() or parent.is_symlink():
+                if parent == folder and not parent.is_dir():
+                    return f"{folder} is a file, not a folder"
+                if not parent.is_dir():
+                    return f"{parent} is a file, so the folder {folder} cannot be created"
+                break
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            at = exc.filename and Path(os.fsdecode(exc.filename))
+            if at and at != folder and at.parent != folder:  # mkdir failed at a parent
+                reason += f" at {at}"
+            return f"cannot write to {folder} ({reason})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.threads < 1:
         print("--threads must be at least 1", file=sys.stderr)
         return 2
     names = list(EXPERIMENTS) if args.name == "all" else [args.name]
     if args.name == "report":
         names = []
+    # report only reads and rewrites files already there (a missing folder is its own error)
+    folders = [args.out, *(args.out / name for name in names)]
+    if args.name != "report" or args.out.exists():
+        problem = _unusable_folder(args.out, folders)
+        if problem is not None:
+            parser.error(
+                f"argument --out: {problem}; nothing was run. Choose a folder that can be "
+                "written with --out DIR"
+            )
     failed: list[str] = []
     datasets = None
     if args.datasets:

@@ -48,8 +48,8 @@ class RunContext:
     seed : int
         Base seed; every random choice of the experiment derives from it.
     data_dir : pathlib.Path or None
-        ``--data-dir``: the data folder (None: ``$AMOPT_DATA_DIR``, else
-        ``~/.cache/amopt``; see :mod:`amopt.experiments._data` for its layout).
+        ``--data-dir``: the data folder (None: ``$AMOPT_DATA_DIR``, else the user
+        cache directory; see :mod:`amopt.experiments._data` for its layout).
     download : bool
         Download a missing data set that has a public URL and a checksum into the
         data folder (``--no-download`` turns it off).
@@ -102,6 +102,28 @@ class RunContext:
             tqdm.write(message, file=sys.stderr)
         else:
             print(message, file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def cache_notices(self) -> Iterator[None]:
+        """Inside the block, the ``amopt.cache`` notices (a reference solve of ``f*`` that
+        runs past 2 s) are lines of :meth:`log`: beside the progress bars, silenced by
+        ``--quiet``."""
+        import logging
+
+        from amopt.problems._reference import logger
+
+        ctx = self
+
+        class _ToLog(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                ctx.log(f"amopt: {record.getMessage()}")
+
+        saved = logger.handlers[:]
+        logger.handlers = [_ToLog()]
+        try:
+            yield
+        finally:
+            logger.handlers = saved
 
     def curve(self, values: Sequence[float] | np.ndarray, points: int = 300) -> dict[str, list]:
         """A curve for the JSON: every step with ``--full-curves``, else a subsample."""
@@ -319,6 +341,43 @@ def _installed_version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def optimizer_path(params: Any) -> str:
+    """The implementation amopt's torch optimizers run by default on ``params``.
+
+    ``"fused"`` (the C kernels, CPU), ``"triton"`` (CUDA), ``"foreach"`` or
+    ``"single"``, as :func:`amopt.torch._common.default_path` picks it when neither
+    ``foreach`` nor ``fused`` is given; recorded with the results because the default
+    has changed between versions (``"unknown"`` if it cannot be determined).
+    """
+    try:
+        from amopt.torch._common import default_path
+
+        path, reason = default_path(list(params), [], fused=None, foreach=None)
+    except Exception as exc:  # an older or partial install: say so rather than fail the run
+        return f"unknown ({type(exc).__name__})"
+    return path if reason is None else f"{path} ({reason})"
+
+
+def implementation_note(config: dict[str, Any], optimizer: str) -> str:
+    """The sentence of a summary that says which implementation the training runs used."""
+    path = config.get("optimizer_implementation")
+    if path is None:  # results stored before the implementation was recorded
+        return (
+            f"{optimizer} ran its default implementation of the time, the single-tensor path "
+            "(today's default is the fused kernels on CPU, Triton on CUDA; same iterates up "
+            "to rounding)."
+        )
+    names = {
+        "fused": "the fused C kernels",
+        "triton": "the Triton kernels",
+        "foreach": "the foreach implementation",
+        "single": "the single-tensor implementation",
+    }
+    first, _, why = path.partition(" ")  # "foreach (<why the kernels could not run>)"
+    described = names.get(first, first) + (f" {why}" if why else "")
+    return f"{optimizer} ran its default implementation: {described}."
 
 
 # --------------------------------------------------------------------------- full-batch runs

@@ -1,9 +1,12 @@
 """Where the experiments find their data, and the loaders for images, text and LIBSVM files.
 
 Every data set lives in one data folder ``<data>``: the ``--data-dir`` option (the
-``data_dir`` argument), else the environment variable ``AMOPT_DATA_DIR``, else
-``~/.cache/amopt``. It is the folder :mod:`amopt.datasets` caches its LIBSVM
-downloads in. Its layout::
+``data_dir`` argument), else the environment variable ``AMOPT_DATA_DIR``, else the
+user cache directory (``$AMOPT_CACHE_DIR``, else ``~/.cache/amopt`` on Linux; see
+:func:`amopt.datasets.get_cache_home`). It is the folder :mod:`amopt.datasets`
+caches its LIBSVM downloads in. The experiments only read it, apart from downloads
+(``--no-download`` turns them off): reference solutions ``f*`` are cached in the
+user cache directory, never here (``docs/caching.md``). Its layout::
 
     <data>/libsvm/a9a, libsvm/w8a, libsvm/mushrooms     LIBSVM files, original names
     <data>/libsvm/ijcnn1.trn.bz2                        ijcnn1 (train + validation)
@@ -99,7 +102,7 @@ _LIBSVM_SAMPLES = {
 
 
 def data_folder(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The data folder: ``data_dir``, else ``$AMOPT_DATA_DIR``, else ``~/.cache/amopt``.
+    """The data folder: ``data_dir``, else ``$AMOPT_DATA_DIR``, else the user cache directory.
 
     Examples
     --------
@@ -117,7 +120,7 @@ def _where_to_put(what: str, relative: str, data_dir: Any, extra: str = "") -> s
         f"{what} not found at {folder / relative}.\n{extra}"
         f"Put the data at <data>/{relative}, where <data> is the data folder: --data-dir DIR "
         f"(data_dir= in Python), else the environment variable {ENV_VAR}=DIR, else "
-        f"~/.cache/amopt "
+        f"the user cache directory "
         f"(now: {folder}). Layout of <data>: {LAYOUT}."
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STYLES", "pyplot", "save_figure"]
+__all__ = ["STYLES", "figure_legend", "pyplot", "save_figure"]
 
 
 #: Colour and line style of each method, the same in every plot.
@@ -28,6 +28,30 @@ STYLES: dict[str, tuple[str, str]] = {
     "AM-AdamW (clip)": ("tab:orange", "-"),
     "AM-AdamW (restart)": ("tab:green", "-"),
 }
+
+
+def figure_legend(fig: Any, axes: list[Any], *, ncol: int | None = None) -> Any:
+    """One legend for the whole figure, below every panel, so that it covers no data.
+
+    Collects the labelled artists of ``axes`` (each label once, in order of first
+    appearance). Returns the legend (None when nothing is labelled).
+    """
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if not handles:
+        return None
+    fig.tight_layout()  # first, so the panels keep their place and the legend goes below
+    return fig.legend(
+        list(handles.values()),
+        list(handles),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        # about 3.3 inches a column (the longest labels), never wider than the figure
+        ncol=ncol or max(1, min(len(handles), 3, int(fig.get_figwidth() // 3.3))),
+        frameon=False,
+    )
 
 
 def pyplot() -> Any:

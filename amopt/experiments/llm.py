@@ -38,7 +38,14 @@ import numpy as np
 
 from amopt.bench._timing import PhaseClock, timed_rounds
 
-from ._common import RunContext, claim_verdict, markdown_summary, torch_threads
+from ._common import (
+    RunContext,
+    claim_verdict,
+    implementation_note,
+    markdown_summary,
+    optimizer_path,
+    torch_threads,
+)
 from ._data import load_text, split_text
 from ._plots import STYLES, pyplot, save_figure
 
@@ -417,6 +424,28 @@ def _timing(
     return out
 
 
+def timing_lines(size_name: str, timing: dict[str, Any]) -> list[str]:
+    """The log lines of one model size's overhead measurement (:func:`_timing`), one per
+    implementation: both optimizers' milliseconds per iteration and per ``step()``, and
+    what AM-AdamW adds."""
+    lines = []
+    for impl in IMPLEMENTATIONS:
+        a, b = timing.get(f"AM-AdamW {impl}"), timing.get(f"AdamW {impl}")
+        over = timing.get(f"overhead {impl}")
+        if a is None or b is None or over is None:
+            continue
+        lines.append(
+            f"[llm] {size_name} {impl}: ms per iteration (step()) AdamW "
+            f"{b['iter_s'] * 1e3:.2f} ({b['step_s'] * 1e3:.2f}), AM-AdamW "
+            f"{a['iter_s'] * 1e3:.2f} ({a['step_s'] * 1e3:.2f}); AM-AdamW adds "
+            f"{over['iter_pct']:+.1f}% per iteration (step() difference "
+            f"{over['step_diff_pct_of_iter']:+.1f}% of an iteration)"
+        )
+    for name, why in timing.get("unavailable", {}).items():
+        lines.append(f"[llm] {size_name} {name}: not timed ({why})")
+    return lines
+
+
 def _steps_to(val: list[tuple[int, float]], target: float) -> float | None:
     """First step (linear interpolation between evaluations) with validation loss <= target."""
     for (s0, v0), (s1, v1) in zip(val, val[1:], strict=False):
@@ -461,8 +490,8 @@ def _run(ctx: RunContext) -> dict[str, Any]:
             r = _train(ctx, size, cfg, batches, f"{size_name} {label}", spec, ctx.seed)
             runs[label] = r
             ctx.log(
-                f"[llm] {size_name} {label}: final val {r['final_val_loss']}, "
-                f"{r['mean_iter_s'] * 1e3:.1f} ms/iter"
+                f"[llm] {size_name} {label}: final validation loss "
+                f"{r['final_val_loss']:.4f} nats/byte, {r['mean_iter_s'] * 1e3:.1f} ms/iteration"
             )
         finals = {label: [runs[label]["final_val_loss"]] for label in MAIN_RUNS}
         for k in range(1, cfg["main_seeds"].get(size_name, 1)):
@@ -472,9 +501,13 @@ def _run(ctx: RunContext) -> dict[str, Any]:
                 r = _train(ctx, size, cfg, seed_batches, f"{size_name} {label} seed {seed}",
                            plan[label], seed)  # fmt: skip
                 finals[label].append(r["final_val_loss"])
-                ctx.log(f"[llm] {size_name} {label} seed {seed}: final val {r['final_val_loss']}")
+                ctx.log(
+                    f"[llm] {size_name} {label} seed {seed}: final validation loss "
+                    f"{r['final_val_loss']:.4f} nats/byte"
+                )
         timing = _timing(ctx, size, cfg, batches, ctx.seed)
-        ctx.log(f"[llm] {size_name} timing: {timing}")
+        for line in timing_lines(size_name, timing):
+            ctx.log(line)
         runs_all[size_name] = runs
         results[size_name] = _size_summary(size_name, size, n_params, runs, timing, cfg)
         results[size_name]["seeds"] = _seed_summary(finals, ctx.seed)
@@ -509,6 +542,10 @@ def _run(ctx: RunContext) -> dict[str, Any]:
             "precision": "float32",
             "schedule": "cosine to 0, optional linear warm-up over the first 10% of steps",
             "split": "last 10% of tiny-shakespeare bytes held out",
+            # the training runs pass neither foreach nor fused: the library's default
+            "optimizer_implementation": optimizer_path(
+                make_model(next(iter(sizes.values())), cfg["context"], 0).to(device).parameters()
+            ),
         },
         "summary": results,
         "claims": _claims(results),
@@ -798,7 +835,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
         f"{cfg['grad_clip']}, {cfg['schedule']}, AM-AdamW lam {cfg['lam']} per-tensor beta, "
         f"{cfg['precision']}, device {cfg['device']}, one seed; validation on "
         f"{cfg['eval_batches'] * cfg['batch_size']} fixed held-out windows "
-        f"({cfg['split']})."
+        f"({cfg['split']}). " + implementation_note(cfg, "AM-AdamW")
     ]
     for size, s in result["summary"].items():
         c = s["config"]

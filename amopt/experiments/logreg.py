@@ -5,7 +5,11 @@ a9a, w8a, mushrooms, phishing, ijcnn1 and madelon, ``x_0 = 0``, ``lr = 1/L``
 (:attr:`amopt.problems.LogisticRegression.L`), 10,000 full-gradient iterations of
 
 * GD, MGD(beta = 0.9) (damped heavy ball, the paper's MGD),
-* MGD(beta*) with beta* the grid value of lowest final loss,
+* MGD(beta*) with beta* the grid value of lowest final loss (per data set; the
+  plots name it in each panel's title),
+* classical (undamped) Polyak heavy ball ``x+ = x - lr g + beta (x - x_prev)``,
+  "HB (beta*)", over the same beta grid (not a method of the paper: at
+  ``lr = 1/L`` it can accelerate where the damped MGD cannot),
 * AM-MGD (``lam = 0``, ``beta_max = 1``) with the exact numerator (the paper's
   deterministic rule) and with the linearised one,
 
@@ -14,7 +18,8 @@ and CG on the same objective: iterations, function evaluations and seconds
 until they reach the suboptimality ``f - f*`` that AM-MGD (exact) and the best
 first-order method reached. ``f*`` comes from
 :meth:`~amopt.problems.LogisticRegression.reference_solution` (L-BFGS-B to
-``max|grad| <= 1e-10``, cached on disk).
+``max|grad| <= 1e-10``, cached on disk in the user cache directory, never in the
+data folder; see ``docs/caching.md``).
 
 ``logreg-adam``: Adam against AM-Adam (``lam = 0.1``, linearised numerator, the
 library default; and the exact numerator), ``lr = 1e-3``, 1000 iterations.
@@ -30,11 +35,11 @@ import numpy as np
 
 from ._common import RunContext, claim_verdict, first_below, markdown_summary, trace_minimize
 from ._data import load_logreg_problem
-from ._plots import STYLES, pyplot, save_figure
+from ._plots import STYLES, figure_legend, pyplot, save_figure
 
 __all__ = ["run", "run_adam", "summary_markdown", "summary_markdown_adam"]
 
-TITLE = "LIBSVM logistic regression, lr = 1/L: GD / MGD / AM-MGD (paper Fig. 3)"
+TITLE = "LIBSVM logistic regression, lr = 1/L: GD / MGD / heavy ball / AM-MGD (paper Fig. 3)"
 TITLE_ADAM = "LIBSVM logistic regression, lr = 1e-3: Adam vs AM-Adam (paper Supplement)"
 
 SETS = ["a9a", "w8a", "mushrooms", "phishing", "ijcnn1", "madelon"]
@@ -61,7 +66,8 @@ def _load(ctx: RunContext, spec: str) -> tuple[Any, dict[str, Any], float, float
     t0 = time.perf_counter()
     name, prob, source = load_logreg_problem(spec, ctx.data_dir, download=ctx.download)
     t1 = time.perf_counter()
-    f_star = float(prob.f_star)
+    with ctx.cache_notices():
+        f_star = float(prob.f_star)
     ctx.log(
         f"[logreg] {name}: n={prob.n_samples} d={prob.dim} L={prob.L:.4g} f*={f_star:.10g} "
         f"(load {t1 - t0:.1f} s, reference {time.perf_counter() - t1:.1f} s)"
@@ -86,6 +92,26 @@ def _traces(
     }
     bar.close()
     return traces
+
+
+def _heavy_ball_trace(prob: Any, lr: float, beta: float, maxiter: int, bar: Any) -> dict:
+    """Classical (undamped) Polyak heavy ball from ``x_0 = 0``, recorded as
+    :func:`trace_minimize` records a run (``f``, ``seconds``, ``time_s``, ``nit``)."""
+    x = x_prev = np.zeros(prob.dim)
+    fs, stamps = np.full(maxiter + 1, np.nan), np.zeros(maxiter + 1)
+    start = time.perf_counter()
+    nit = 0
+    for t in range(maxiter + 1):
+        f, g = prob.value_and_grad(x)
+        fs[t], stamps[t] = float(f), time.perf_counter() - start
+        if t == maxiter or not np.isfinite(fs[t]):
+            break
+        # Polyak: x+ = x - lr g + beta (x - x_prev), no (1 - beta) damping of the gradient
+        x, x_prev = x - lr * g + beta * (x - x_prev), x
+        nit += 1
+        if bar is not None:
+            bar.update(1)
+    return {"f": fs, "betas": None, "seconds": stamps, "time_s": stamps[nit], "nit": nit}
 
 
 def _curves(
@@ -185,7 +211,14 @@ def run(ctx: RunContext) -> dict[str, Any]:
         grid = {beta: traces[f"MGD ({beta})"] for beta in cfg["betas"]}
         beta_star = min(grid, key=lambda b: _rank(grid[b]["f"] - f_star))
         traces["MGD (beta*)"] = grid[beta_star]
-        first_order = ["GD", "MGD (0.9)", "MGD (beta*)", *AM_MGD]
+        bar = ctx.progress(total=len(cfg["betas"]) * cfg["maxiter"], desc=f"heavy ball {name}")
+        hb_grid = {
+            beta: _heavy_ball_trace(prob, lr, beta, cfg["maxiter"], bar) for beta in cfg["betas"]
+        }
+        bar.close()
+        hb_star = min(hb_grid, key=lambda b: _rank(hb_grid[b]["f"] - f_star))
+        traces["HB (beta*)"] = hb_grid[hb_star]
+        first_order = ["GD", "MGD (0.9)", "MGD (beta*)", "HB (beta*)", *AM_MGD]
         first_order = [m for m in first_order if m in traces]
         gaps = {m: traces[m]["f"] - f_star for m in first_order}
         best_method = min(first_order, key=lambda m: _rank(gaps[m]))
@@ -233,7 +266,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 "f_star": f_star,
                 "load_s": load_s,
                 "beta_star": beta_star,
+                "beta_star_heavy_ball": hb_star,
                 "grid_final_f": {str(b): float(tr["f"][-1]) for b, tr in grid.items()},
+                "grid_final_f_heavy_ball": {
+                    str(b): float(tr["f"][-1]) for b, tr in hb_grid.items()
+                },
                 "methods": methods,
                 "best_first_order": best_method,
                 "targets": targets,
@@ -242,7 +279,14 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     for k, v in scipy_runs.items()
                 },
                 "verdict": {
-                    f"{m} lowest loss": _rank(gaps[m]) < _rank(gaps[best_fixed]) for m in AM_MGD
+                    **{
+                        f"{m} lowest loss": _rank(gaps[m]) < _rank(gaps[best_fixed])
+                        for m in AM_MGD
+                    },
+                    **{
+                        f"{m} beats heavy ball": _rank(gaps[m]) < _rank(gaps["HB (beta*)"])
+                        for m in AM_MGD
+                    },
                 },
             }
         )
@@ -250,11 +294,13 @@ def run(ctx: RunContext) -> dict[str, Any]:
         curves[name] = _curves(ctx, gaps, betas)
         for k, v in scipy_runs.items():
             curves[name][k] = ctx.curve(np.abs(v["gap_curve"]))
-        plot_data[name] = {"gaps": gaps, "betas": betas, "beta_star": beta_star}
+        plot_data[name] = {
+            "gaps": gaps, "betas": betas, "beta_star": beta_star, "beta_star_heavy_ball": hb_star
+        }  # fmt: skip
         ctx.log(
-            f"[logreg] {name}: "
+            f"[logreg] {name}: f - f* after {cfg['maxiter']} iterations: "
             + ", ".join(f"{m} {methods[m]['final_gap']:.3e}" for m in first_order)
-            + f"; beta*={beta_star}"
+            + f" (MGD beta* = {beta_star}, HB beta* = {hb_star})"
         )
     plots = [_plot(ctx, plot_data, cfg["maxiter"]), _plot_betas(ctx, plot_data)]
     claims = [
@@ -267,6 +313,16 @@ def run(ctx: RunContext) -> dict[str, Any]:
         )
         for m in AM_MGD
     ]
+    claims.append(
+        _wins_claim(
+            per_set,
+            "AM-MGD (exact) beats heavy ball",
+            "(not a paper claim) AM-MGD (exact) reaches a lower loss than classical "
+            "(undamped) heavy ball with its grid-best beta",
+            name_wins=True,
+        )
+    )
+    claims[-1]["verdict"] = "n/a"
     faster = []
     for p in per_set:
         am_s = p["methods"]["AM-MGD (exact)"]["to_am_exact"]["seconds"]
@@ -308,31 +364,51 @@ def _grid_plot(
     *,
     height: float,
     ylabel: str,
-    legend: str,
     title: str,
     filename: str,
+    panel_title: Callable[[str, Any], str] = lambda name, d: name,
 ) -> str:
-    """One panel per data set, up to three in a row: ``draw(ax, data[name])`` fills each."""
+    """One panel per data set, up to three in a row: ``draw(ax, data[name])`` fills each.
+
+    The legend is one for the whole figure, below the panels (it never covers a
+    curve); what differs between panels (beta*) is in each panel's title.
+    """
     plt = pyplot()
     cols = min(len(data), 3)
     rows = (len(data) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, height * rows), squeeze=False)
     for ax, (name, d) in zip(axes.flat, data.items(), strict=False):
         draw(ax, d)
-        ax.set_title(name)
+        ax.set_title(panel_title(name, d))
         ax.set_xlabel("iteration")
         ax.set_ylabel(ylabel)
     for ax in list(axes.flat)[len(data) :]:
         ax.axis("off")
-    axes.flat[0].legend(loc=legend)
     fig.suptitle(title, fontsize=11)
+    figure_legend(fig, list(axes.flat)[: len(data)])
     return save_figure(fig, ctx.out / filename)
 
 
-def _gap_lines(ax: Any, gaps: dict[str, np.ndarray], beta_star: float | None = None) -> None:
+#: Legend text of each method of the plots (the panel titles give each panel's beta*).
+LABELS = {
+    "MGD (0.9)": "MGD, damped heavy ball (beta = 0.9)",
+    "MGD (beta*)": "MGD, damped heavy ball (grid-best beta*, in the title)",
+    "HB (beta*)": "heavy ball, classical undamped (grid-best beta*, in the title)",
+}
+
+
+def _beta_title(name: str, d: dict[str, Any]) -> str:
+    """A panel's title: the data set and the beta* its MGD (and heavy-ball) curves use."""
+    parts = [f"MGD beta* = {d['beta_star']}"]
+    if d.get("beta_star_heavy_ball") is not None:
+        parts.append(f"HB beta* = {d['beta_star_heavy_ball']}")
+    return f"{name} ({', '.join(parts)})"
+
+
+def _gap_lines(ax: Any, gaps: dict[str, np.ndarray]) -> None:
     for m, gap in gaps.items():
         color, ls = STYLES[m]
-        label = f"MGD (beta*={beta_star})" if m == "MGD (beta*)" else m
+        label = LABELS.get(m, m)
         ax.semilogy(
             np.arange(gap.size),
             np.clip(np.abs(gap), 1e-16, None),
@@ -345,7 +421,7 @@ def _gap_lines(ax: Any, gaps: dict[str, np.ndarray], beta_star: float | None = N
 
 def _plot(ctx: RunContext, data: dict[str, Any], maxiter: int) -> str:
     def draw(ax: Any, d: dict[str, Any]) -> None:
-        _gap_lines(ax, d["gaps"], d["beta_star"])
+        _gap_lines(ax, d["gaps"])
         ax.set_xlim(0, maxiter)
 
     return _grid_plot(
@@ -354,9 +430,9 @@ def _plot(ctx: RunContext, data: dict[str, Any], maxiter: int) -> str:
         draw,
         height=3.4,
         ylabel="f(x_t) - f*",
-        legend="best",
         title=TITLE,
         filename="logreg.png",
+        panel_title=_beta_title,
     )
 
 
@@ -374,7 +450,6 @@ def _plot_betas(ctx: RunContext, data: dict[str, Any]) -> str:
         draw,
         height=2.6,
         ylabel="beta_t",
-        legend="lower left",
         title="AM-MGD beta_t on LIBSVM logistic regression (lr = 1/L, lam = 0)",
         filename="logreg_betas.png",
     )
@@ -384,7 +459,9 @@ def summary_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of ``logreg``."""
     cfg = result["config"]
     datasets = result["summary"]["datasets"]
-    methods = ["GD", "MGD (0.9)", "MGD (beta*)", *AM_MGD]
+    methods = ["GD", "MGD (0.9)", "MGD (beta*)", "HB (beta*)", *AM_MGD]
+    # results stored before the heavy-ball baseline have no such column
+    methods = [m for m in methods if any(m in p["methods"] for p in datasets)]
 
     def key(mm: dict[str, Any]) -> tuple[float, float]:
         hit = mm.get("iters_to_floor")
@@ -394,7 +471,10 @@ def summary_markdown(result: dict[str, Any]) -> str:
     for p in datasets:
         present = [m for m in methods if m in p["methods"]]
         best = min(present, key=lambda m: key(p["methods"][m]))
-        row = [p["dataset"], f"{p['n_samples']} x {p['dim']}", p["L"], p["f_star"], p["beta_star"]]
+        row = [p["dataset"], f"{p['n_samples']} x {p['dim']}", p["L"], p["f_star"]]
+        row.append(str(p["beta_star"]))
+        if "HB (beta*)" in methods:
+            row.append(str(p.get("beta_star_heavy_ball", "-")))
         for m in methods:
             mm = p["methods"].get(m)
             if mm is None:
@@ -446,10 +526,28 @@ def summary_markdown(result: dict[str, Any]) -> str:
     return markdown_summary(
         result,
         f"l2 = 0, x0 = 0, lr = 1/L, {cfg['maxiter']} iterations; beta* = grid value of "
-        f"lowest final loss over {cfg['betas']}; AM-MGD: lam = 0, beta_max = 1. "
+        f"lowest final loss over {cfg['betas']}; MGD is the paper's damped heavy ball "
+        "(d = beta d + (1 - beta) g)"
+        + (
+            ", HB classical (undamped) Polyak heavy ball (x+ = x - lr g + beta (x - x_prev))"
+            if "HB (beta*)" in methods
+            else ""
+        )
+        + "; AM-MGD: lam = 0, beta_max = 1. "
         f"Cells: final f(x_T) - f*; below {TARGET_FLOOR:g} (rounding level) the iteration "
         "that first reached it is shown instead, and runs are ranked by it (bold: best).",
-        (["data set", "n x d", "L", "f*", "beta*", *methods], gaps),
+        (
+            [
+                "data set",
+                "n x d",
+                "L",
+                "f*",
+                "MGD beta*",
+                *(["HB beta*"] if "HB (beta*)" in methods else []),
+                *methods,
+            ],
+            gaps,
+        ),
         "AM-MGD beta_t (exact numerator): mean, median, fraction of steps with beta_t exactly "
         "1 (to 1e-12) and exactly 0 (step 0 is always 0).",
         (["data set", "mean", "median", "= 1", "= 0"], betas),
@@ -557,7 +655,6 @@ def _plot_adam(ctx: RunContext, data: dict[str, Any]) -> str:
         _gap_lines,
         height=3.2,
         ylabel="f(x_t) - f*",
-        legend="best",
         title=TITLE_ADAM,
         filename="logreg_adam.png",
     )

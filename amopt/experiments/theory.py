@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ._common import RunContext, markdown_summary
-from ._plots import pyplot, save_figure
+from ._plots import figure_legend, pyplot, save_figure
 
 __all__ = ["run", "summary_markdown"]
 
@@ -148,10 +148,15 @@ def _plot(ctx: RunContext, rows: list[dict[str, Any]]) -> str:
         "3.2": "Thm 3.2: min_t E ||grad f(x_t)||^2",
         "fixed-cap": "Fixed cap (beta_max = 0.9): E f(x_bar_T) - f*",
     }
-    colors = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
+    # one colour per problem in every panel, so that one legend (below the panels, where
+    # it covers no line) serves them all
+    palette = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
+    problems = list(dict.fromkeys(r["problem"] for r in rows))
+    colors = dict(zip(problems, palette * (1 + len(problems) // len(palette)), strict=False))
     for ax, thm in zip(axes[0], thms, strict=True):
         names = list(dict.fromkeys(r["problem"] for r in rows if r["theorem"] == thm))
-        for color, name in zip(colors, names, strict=False):
+        for name in names:
+            color = colors[name]
             sel = [r for r in rows if r["theorem"] == thm and r["problem"] == name]
             T = [r["T"] for r in sel]
             ax.errorbar(
@@ -172,8 +177,8 @@ def _plot(ctx: RunContext, rows: list[dict[str, Any]]) -> str:
         ax.set_yscale("log")
         ax.set_xlabel("T (iterations)")
         ax.set_title(titles[thm])
-        ax.legend(loc="best", fontsize=6.5)
     fig.suptitle(TITLE, fontsize=11)
+    figure_legend(fig, list(axes.flat), ncol=2)
     return save_figure(fig, ctx.out / "theory.png")
 
 

@@ -1,4 +1,4 @@
-"""``vision``: MGD vs AM-MGD (AMSGD) training a small CNN on Fashion-MNIST (paper Sec. 4.2, 4.4).
+"""``vision``: MGD vs AMSGD training a small CNN on Fashion-MNIST (paper Sec. 4.2, 4.4).
 
 The paper trains ResNets/VGG on CIFAR for 200 epochs; on a CPU we train a small
 CNN (two 3x3 conv layers with 16 and 32 channels, max-pooling, a 64-unit hidden
@@ -9,7 +9,9 @@ Main comparison (paired: the same initialisation and batch order for both
 optimizers of a seed):
 
 * MGD: ``torch.optim.SGD(lr, momentum=0.9, dampening=0.9)`` (the paper's damped baseline),
-* AM-MGD: :class:`amopt.torch.AMSGD` ``(lr, lam=0.1, beta_max=0.9)`` (one global beta),
+* AMSGD: :class:`amopt.torch.AMSGD` ``(lr, lam=0.1, beta_max=0.9)`` (one global beta; the
+  paper's AM-MGD in its stochastic form). Figures, tables and log lines say "AMSGD";
+  ``results.json`` keeps the key ``"AM-MGD"`` for it (results stored earlier read the same),
 
 lr = 0.1, batch size 128, a step schedule (x0.1 at 50% and 75% of the steps, as the
 paper's CIFAR-10 schedule at [100, 150] of 200 epochs), no weight decay. Recorded:
@@ -28,13 +30,22 @@ from typing import Any
 
 import numpy as np
 
-from ._common import RunContext, claim_verdict, markdown_summary, torch_threads
+from ._common import (
+    RunContext,
+    claim_verdict,
+    implementation_note,
+    markdown_summary,
+    optimizer_path,
+    torch_threads,
+)
 from ._data import load_fashion_mnist
 from ._plots import pyplot, save_figure
 
 __all__ = ["run", "summary_markdown", "make_model"]
 
-TITLE = "Fashion-MNIST small CNN: MGD vs AM-MGD (paper Sec. 4.2 / Fig. 5 at small scale)"
+TITLE = "Fashion-MNIST small CNN: MGD vs AMSGD (paper Sec. 4.2 / Fig. 5 at small scale)"
+#: What each optimizer key of the results is called in figures, tables and log lines.
+NAMES = {"MGD": "MGD (SGD, dampening 0.9)", "AM-MGD": "AMSGD"}
 MEAN, STD = 0.2860, 0.3530
 
 REAL: dict[str, Any] = {
@@ -274,8 +285,9 @@ def _run(ctx: RunContext) -> dict[str, Any]:
             )
             main_runs.append(r)
             ctx.log(
-                f"[vision] main {opt} seed {ctx.seed + k}: test acc {r['final_test_acc']}, "
-                f"train loss {r['final_train_loss']}, {r['seconds']:.0f} s"
+                f"[vision] main {NAMES[opt]} seed {ctx.seed + k}: test accuracy "
+                f"{_num(r['final_test_acc'])}, last-epoch train loss "
+                f"{_num(r['final_train_loss'])}, {r['seconds']:.0f} s"
             )
 
     configs = []
@@ -325,7 +337,11 @@ def _run(ctx: RunContext) -> dict[str, Any]:
         if opt != "MGD":
             entry["coefficient_cap"] = (cfg["beta_max"] + hp["lam"]) / (1 + hp["lam"])
         ablation.append(entry)
-        ctx.log(f"[vision] ablation {param}={value} {opt}: test acc {accs}")
+        ctx.log(
+            f"[vision] ablation {param} = {value} {NAMES[opt]}: test accuracy "
+            + ", ".join("diverged" if a is None else _num(a) for a in accs)
+            + (f" ({len(accs)} seeds)" if len(accs) > 1 else "")
+        )
 
     summary = _summarise(main_runs, ablation, cfg)
     plots = [_plot_main(ctx, main_runs, cfg), _plot_ablation(ctx, ablation, abl)]
@@ -348,6 +364,8 @@ def _run(ctx: RunContext) -> dict[str, Any]:
             "weight_decay": 0.0,
             "mgd": "torch.optim.SGD(momentum=0.9, dampening=0.9)",
             "am": "amopt.torch.AMSGD(lam, beta_max=0.9), global beta",
+            # AMSGD is built without foreach/fused: the library's default implementation
+            "optimizer_implementation": optimizer_path(make_model().to(device).parameters()),
         },
         "summary": summary,
         "claims": _claims(summary),
@@ -411,7 +429,7 @@ def _claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
     m, a = summary["main"]["MGD"], summary["main"]["AM-MGD"]
     claims.append(
         {
-            "claim": "Sec. 4.2: AM-MGD outperforms MGD (test accuracy)",
+            "claim": "Sec. 4.2: AM-MGD (AMSGD) outperforms MGD (test accuracy)",
             "measured": f"test accuracy {a['test_acc_mean']:.4f} (AM) vs {m['test_acc_mean']:.4f} "
             f"(MGD), seed means; AM higher in {wins}/{len(diffs)} paired seeds "
             f"(differences {', '.join(f'{d:+.4f}' for d in diffs)})",
@@ -422,7 +440,7 @@ def _claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
     lw = sum(d < 0 for d in ldiffs)
     claims.append(
         {
-            "claim": "Sec. 4.2: AM-MGD optimises faster (train loss)",
+            "claim": "Sec. 4.2: AM-MGD (AMSGD) optimises faster (train loss)",
             "measured": f"last-epoch train loss {a['train_loss_mean']:.4f} (AM) vs "
             f"{m['train_loss_mean']:.4f} (MGD); AM lower in {lw}/{len(ldiffs)} seeds",
             "verdict": claim_verdict(lw, len(ldiffs)),
@@ -490,6 +508,17 @@ def _ablation_claim(
     }
 
 
+def _num(value: Any) -> str:
+    """A metric for a log line: 4 significant digits, or "diverged" for None/NaN."""
+    if value is None or not np.isfinite(value):
+        return "diverged"
+    return f"{float(value):.4g}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _smooth(y: np.ndarray, w: int) -> np.ndarray:
     if y.size < w or w <= 1:
         return y
@@ -512,7 +541,7 @@ def _plot_main(ctx: RunContext, runs: list[dict[str, Any]], cfg: dict[str, Any])
             color=c,
             lw=1.0,
             alpha=1.0 if first else 0.35,
-            label=r["optimizer"] if first else None,
+            label=NAMES[r["optimizer"]] if first else None,
         )
         ep = r["epochs"]
         axes[1].plot(
@@ -523,7 +552,7 @@ def _plot_main(ctx: RunContext, runs: list[dict[str, Any]], cfg: dict[str, Any])
             ms=3,
             lw=1.0,
             alpha=1.0 if first else 0.35,
-            label=r["optimizer"] if first else None,
+            label=NAMES[r["optimizer"]] if first else None,
         )
     axes[0].set_yscale("log")
     axes[0].set_xlabel("step")
@@ -541,7 +570,7 @@ def _plot_main(ctx: RunContext, runs: list[dict[str, Any]], cfg: dict[str, Any])
             am["betas"],
             color="tab:red",
             lw=0.4,
-            label=f"AM-MGD beta_t (seed {am['seed']})",
+            label=f"AMSGD beta_t (seed {am['seed']})",
         )
         w = max(am["betas"].size // 40, 1)
         ys = _smooth(am["betas"], w)
@@ -558,7 +587,7 @@ def _plot_main(ctx: RunContext, runs: list[dict[str, Any]], cfg: dict[str, Any])
     axes[2].legend(loc="lower right")
     fig.suptitle(
         f"{TITLE}\n{cfg['n_train']} training images, batch {cfg['batch_size']}, lr {cfg['lr']}, "
-        f"{cfg['epochs']} epochs, {len(seeds)} seeds",
+        f"{_count(cfg['epochs'], 'epoch')}, {_count(len(seeds), 'seed')}",
         fontsize=10,
     )
     return save_figure(fig, ctx.out / "vision.png")
@@ -579,11 +608,11 @@ def _plot_ablation(ctx: RunContext, ablation: list[dict[str, Any]], abl: dict[st
             if param == "lam" and opt == "MGD":
                 acc = sel[0]["test_acc_mean"]
                 if acc is not None:
-                    ax.axhline(acc, color=colors[opt], ls="--", label="MGD (no lambda)")
+                    ax.axhline(acc, color=colors[opt], ls="--", label=f"{NAMES[opt]}, no lambda")
                 continue
             xs = [e["value"] for e in sel]
             ys = [np.nan if e["test_acc_mean"] is None else e["test_acc_mean"] for e in sel]
-            ax.plot(xs, ys, color=colors[opt], marker="o", label=opt)
+            ax.plot(xs, ys, color=colors[opt], marker="o", label=NAMES[opt])
             for e in sel:
                 for a in e["test_acc_per_seed"]:
                     if a is not None:
@@ -596,8 +625,8 @@ def _plot_ablation(ctx: RunContext, ablation: list[dict[str, Any]], abl: dict[st
         ax.set_ylabel("final test accuracy")
         ax.legend()
     fig.suptitle(
-        f"Ablations (no schedule, {abl['n_train']} images, {abl['epochs']} epochs, "
-        f"{abl['seeds']} seeds; dots: seeds, line: mean)",
+        f"Ablations (no schedule, {abl['n_train']} images, {_count(abl['epochs'], 'epoch')}, "
+        f"{_count(abl['seeds'], 'seed')}; dots: seeds, line: mean)",
         fontsize=10,
     )
     return save_figure(fig, ctx.out / "vision_ablation.png")
@@ -612,7 +641,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
         m = s["main"][opt]
         rows.append(
             [
-                opt,
+                NAMES[opt],
                 ", ".join("-" if a is None else f"{a:.4f}" for a in m["test_acc_per_seed"]),
                 m["test_acc_mean"],
                 m["test_acc_std"],
@@ -624,8 +653,8 @@ def summary_markdown(result: dict[str, Any]) -> str:
         f"Model: {cfg['model']}; {cfg['n_train']} training images (fixed random subset), "
         f"{cfg['n_test']} test images, batch {cfg['batch_size']}, lr {cfg['lr']}, x{cfg['gamma']} "
         f"at {cfg['milestones']} of the steps, {cfg['epochs']} epochs, no weight decay, no "
-        f"augmentation, device {cfg['device']}. MGD = {cfg['mgd']}; AM-MGD = {cfg['am']}, "
-        f"lam = {cfg['lam']}.",
+        f"augmentation, device {cfg['device']}. MGD = {cfg['mgd']}; AMSGD = {cfg['am']}, "
+        f"lam = {cfg['lam']}. " + implementation_note(cfg, "AMSGD"),
         (
             [
                 "optimizer",
@@ -639,7 +668,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
         ),
     ]
     if s["beta_phases_first_seed"]:
-        blocks.append(f"AM-MGD beta_t (first seed; mean over all seeds {s['beta_mean']:.3f}):")
+        blocks.append(f"AMSGD beta_t (first seed; mean over all seeds {s['beta_mean']:.3f}):")
         blocks.append(
             (
                 ["phase", "mean beta_t", "fraction < 0.1", "fraction at 0.9"],
@@ -656,7 +685,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
             [
                 e["param"],
                 "-" if e["value"] is None else str(e["value"]),
-                e["optimizer"],
+                NAMES[e["optimizer"]],
                 e["test_acc_mean"],
                 ", ".join("diverged" if a is None else f"{a:.4f}" for a in e["test_acc_per_seed"]),
                 e.get("coefficient_cap"),
@@ -679,4 +708,5 @@ def summary_markdown(result: dict[str, Any]) -> str:
             rows,
         )
     )
-    return markdown_summary(result, *blocks)
+    # the title of results stored before the optimizer was named AMSGD in the figures
+    return markdown_summary({**result, "title": TITLE}, *blocks)

@@ -310,8 +310,12 @@ class LogisticRegression(_SolvedNumerically, _RowSum):
         """High-accuracy minimiser by L-BFGS-B (``ftol = 0``, stops at max|grad| <= gtol).
 
         Cached in memory and, if ``cache``, on disk in
-        ``<data home>/reference/`` (see :func:`amopt.datasets.get_data_home`)
-        under a SHA-256 of the data, labels, model and ``l2``. Emits
+        ``<cache home>/reference/`` (``cache_dir``, else ``$AMOPT_CACHE_DIR``,
+        else the platform's user cache directory; see
+        :func:`amopt.datasets.get_cache_home`; never the data folder) under a
+        SHA-256 of the data, labels, model and ``l2``. A solve still running
+        after 2 s logs one line on the ``amopt.cache`` logger (stderr) saying
+        what is computed and where it is cached. Emits
         :class:`ReferenceSolutionWarning` if ``gtol`` is not reached (e.g.
         separable data with ``l2 = 0``, where no minimiser exists).
         """

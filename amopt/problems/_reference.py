@@ -1,11 +1,28 @@
-"""High-accuracy reference solutions (x*, f*) with an in-memory and an on-disk cache."""
+"""High-accuracy reference solutions (x*, f*) with an in-memory and an on-disk cache.
+
+Where they are kept: ``<cache home>/reference/<key>.npz``, the cache home being
+``cache_dir=`` of ``reference_solution``, else ``$AMOPT_CACHE_DIR``, else the
+platform's user cache directory (``$XDG_CACHE_HOME/amopt`` or ``~/.cache/amopt``
+on Linux, ``~/Library/Caches/amopt`` on macOS, ``%LOCALAPPDATA%\\amopt\\Cache``
+on Windows; :func:`amopt.datasets.get_cache_home`). Never the data folder
+(``AMOPT_DATA_DIR``), which may be shared and read-only. The files may be
+deleted at any time; a cache that cannot be written is skipped.
+
+A solve that runs past :data:`NOTICE_AFTER_S` seconds says so once, on the
+``amopt.cache`` logger (level INFO, printed to stderr by default, like the
+download notices of ``scipy.datasets``): what is computed and where it will be
+cached. ``logging.getLogger("amopt.cache").setLevel(logging.WARNING)`` silences it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
+import sys
 import tempfile
+import time
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -14,10 +31,65 @@ from pathlib import Path
 import numpy as np
 import scipy.optimize
 
-__all__ = ["ReferenceSolution", "ReferenceSolutionWarning"]
+__all__ = ["NOTICE_AFTER_S", "ReferenceSolution", "ReferenceSolutionWarning", "logger"]
 
 _MEMORY: dict[str, ReferenceSolution] = {}
 _FORMAT = 1
+#: A reference solve still running after this many seconds logs one notice.
+NOTICE_AFTER_S = 2.0
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the ``sys.stderr`` of the moment (as :data:`logging.lastResort`), so a
+    redirected or captured stderr receives the notice."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+#: The logger of the cache notices: INFO, to stderr, not propagated (one line, not two,
+#: where the root logger is configured too). Replace its handlers to route the notices.
+logger = logging.getLogger("amopt.cache")
+if not logger.handlers:
+    _handler = _StderrHandler()
+    _handler.setFormatter(logging.Formatter("amopt: %(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+#: What the key prefix of a problem names, for the notice.
+_KINDS = {"logreg": "logistic regression", "huber": "Huber regression"}
+
+
+class _Notice:
+    """Logs one line once a solve has run for :data:`NOTICE_AFTER_S` seconds."""
+
+    def __init__(self, what: str, path: Path | None) -> None:
+        self.what, self.path = what, path
+        self.start = time.perf_counter()
+        self.done = False
+
+    def __call__(self, *_: object) -> None:
+        if self.done or time.perf_counter() - self.start < NOTICE_AFTER_S:
+            return
+        self.done = True
+        where = (
+            f"it will be cached in {self.path}" if self.path is not None
+            else "it is not cached on disk (cache=False)"
+        )  # fmt: skip
+        logger.info(
+            "computing %s (L-BFGS-B; running for %.0f s so far); %s", self.what,
+            time.perf_counter() - self.start, where,
+        )  # fmt: skip
 
 
 class ReferenceSolutionWarning(UserWarning):
@@ -63,9 +135,10 @@ def _for_request(sol: ReferenceSolution, gtol: float) -> ReferenceSolution:
 
 
 def _cache_file(key: str, cache_dir) -> Path:
-    from ..datasets import get_data_home
+    """``<cache home>/reference/<key>.npz`` (:func:`amopt.datasets.get_cache_home`)."""
+    from ..datasets import get_cache_home
 
-    return get_data_home(cache_dir) / "reference" / f"{key}.npz"
+    return get_cache_home(cache_dir) / "reference" / f"{key}.npz"
 
 
 def solve_reference(
@@ -88,7 +161,9 @@ def solve_reference(
     decrease of ``max|grad|``, which stays measurable where ``f`` no longer does.
 
     Results are memoised under ``key`` (a hash of the data and parameters) in
-    memory and, if ``cache``, in ``<data home>/reference/<key>.npz``. A cached
+    memory and, if ``cache``, in ``<cache home>/reference/<key>.npz`` (see the
+    module docstring; never in the data folder). A solve that runs longer than
+    :data:`NOTICE_AFTER_S` seconds logs one notice on ``amopt.cache``. A cached
     solution is reused only if its gradient, re-evaluated at the stored ``x``,
     meets ``gtol``; ``f*`` is re-evaluated there too. An unreadable, truncated,
     stale or non-finite cache entry is recomputed and overwritten; cache files
@@ -110,8 +185,17 @@ def solve_reference(
             _MEMORY[full_key] = sol
             return _for_request(sol, gtol)
 
+    notice = _Notice(
+        f"the reference solution (x*, f*) of a {_KINDS.get(key.split('-')[0], key)} problem "
+        f"(dim {math.prod(np.shape(x0))}) to max|grad| <= {gtol:g}", path,
+    )  # fmt: skip
+
+    def fg_noticed(z: np.ndarray) -> tuple[float, np.ndarray]:
+        notice()
+        return fg(z)
+
     res = scipy.optimize.minimize(
-        fg,
+        fg_noticed,
         np.asarray(x0, dtype=np.float64).ravel(),
         jac=True,
         method="L-BFGS-B",
@@ -123,7 +207,7 @@ def solve_reference(
     gnorm = float(np.max(np.abs(g))) if g.size else 0.0
     nit = int(res.nit)
     if hess is not None:  # go past gtol while Newton keeps improving: f* to ~1e-15
-        x, f, gnorm, extra = _newton_polish(fg, hess, x, f, g, gnorm, 1e-3 * gtol)
+        x, f, gnorm, extra = _newton_polish(fg_noticed, hess, x, f, g, gnorm, 1e-3 * gtol)
         nit += extra
     sol = ReferenceSolution(
         x=x, fun=f, grad_norm=gnorm, gtol=gtol, converged=gnorm <= gtol, nit=nit
