@@ -321,6 +321,14 @@ def _deferred_scalar(f: Any, what: str, xp: Any, like: Any = None) -> Any:
     return _scalar(f, what)
 
 
+def _method_of(obj: Any, name: str) -> Callable | None:
+    """``obj.<name>`` when ``obj`` is an object (not a plain function) with that method."""
+    if inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isbuiltin(obj):
+        return None
+    method = getattr(type(obj), name, None)
+    return getattr(obj, name) if callable(method) else None
+
+
 class _Objective:
     """Wraps ``fun``/``jac``/``args`` (or a FiniteSum) and counts evaluations.
 
@@ -356,7 +364,18 @@ class _Objective:
             raise TypeError(f"fun must be callable or a FiniteSum; got {type(fun).__name__}")
         self.fun = fun
         self.fd = False
-        if self.finite_sum or jac is True:
+        #: ``fun.value_and_grad`` when ``fun`` is an objective object that gives it
+        self.pair = None
+        if jac is None and not self.finite_sum:
+            # an objective object (every amopt.problems class, or any object with a
+            # ``value_and_grad`` or ``grad`` method) gives its own gradient: finite
+            # differences would cost n + 1 calls of fun per step for a worse gradient
+            pair, grad = _method_of(fun, "value_and_grad"), _method_of(fun, "grad")
+            if pair is not None:
+                self.pair = pair
+            elif grad is not None:
+                jac = grad
+        if self.finite_sum or jac is True or self.pair is not None:
             self.jac = None
         elif callable(jac):
             self.jac = jac
@@ -400,6 +419,13 @@ class _Objective:
             self.njev += 1
             f, g = self._pair(self.fun(x, *self.args), "with jac=True, fun")
             return self.scalar(f, "fun"), self.layout.unpack(g, "fun (jac=True)")
+        if self.pair is not None:
+            self.nfev += 1
+            self.njev += 1
+            f, g = self._pair(self.pair(x, *self.args), "fun.value_and_grad")
+            return self.scalar(f, "fun.value_and_grad"), self.layout.unpack(
+                g, "fun.value_and_grad"
+            )
         if self.fd:
             return self._finite_difference(arrays)
         self.nfev += 1

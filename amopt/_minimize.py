@@ -64,9 +64,11 @@ def minimize(
     jac : callable, True or None
         Gradient ``jac(x, *args)``, an array of the shape and array type of
         ``x`` (a real dtype other than that of ``x`` is converted to it);
-        ``True`` if ``fun`` returns ``(f, g)``; ``None``: forward finite
-        differences with the step ``sqrt(eps) * max(1, |x|)`` of the dtype of
-        ``x`` (NumPy only, with a warning).
+        ``True`` if ``fun`` returns ``(f, g)``; ``None``: the gradient of an
+        objective object (``fun.value_and_grad(x)``, else ``fun.grad(x)``: every
+        :mod:`amopt.problems` class), otherwise forward finite differences with
+        the step ``sqrt(eps) * max(1, |x|)`` of the dtype of ``x`` (NumPy only,
+        with a warning).
     callback : callable, optional
         ``callback(intermediate_result)`` after each step, where the
         :class:`~scipy.optimize.OptimizeResult` has ``x``, ``fun``, ``nit``,
