@@ -30,12 +30,19 @@ __all__ = ["STATUS_MESSAGES"]
 #: Termination reasons: key -> (status, message). The single source of messages.
 STATUS_MESSAGES: dict[str, tuple[int, str]] = {
     "gtol": (0, "Optimization terminated successfully: the gradient norm is at most `gtol`."),
-    "steps": (0, "Optimization terminated successfully: ran the `maxiter` mini-batch steps."),
+    # scipy's status 1 for every method, full batch and mini-batch alike
     "maxiter": (1, "Maximum number of iterations has been exceeded."),
     "nonfinite": (
         2,
         "NaN or infinite value encountered in the objective, the gradient or the iterate; "
         "returning the last finite iterate.",
+    ),
+    # a run that ends above where it started diverged, however slowly: the step size
+    # (`lr`) is too large for this objective
+    "increased": (
+        2,
+        "The objective increased: f at the last iterate is above f(x0); the run diverged "
+        "(`lr` is probably too large).",
     ),
     "nonfinite_x0": (2, "NaN or infinite value in `x0`; no step was taken."),
     "callback": (99, "`callback` raised `StopIteration`."),
@@ -679,8 +686,12 @@ def _run(
     nit = 0
     reason = None if layout.all_finite(xs) else "nonfinite_x0"
 
+    f0 = None
     if sampler is None:
         f, gs = obj(xs)
+        # f(x0), for the test of a run that ended above it (of f itself: under coupled
+        # decay the method minimises F, which f need not follow)
+        f0 = f if wd == 0 else None
         f_c, g_c = coupled(xs, f, gs)
         gnorm = gnorm_of(g_c)
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
@@ -693,7 +704,7 @@ def _run(
             reason = "gtol"
             break
         if nit >= maxiter:
-            reason = "steps" if stochastic else "maxiter"
+            reason = "maxiter"
             break
         if sampler is not None:
             f_b, g_b = obj.batch(xs, sampler())
@@ -740,11 +751,17 @@ def _run(
     if sampler is not None:
         # The result reports the full objective at the returned iterate.
         f, gs = obj(xs) if obj.finite_sum else (f, gs)
-    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None, f0)
 
 
-def _result(layout, obj, xs, f, gs, nit, reason, betas) -> OptimizeResult:
-    """The ``OptimizeResult`` of a run; ``betas`` None for a method without AM betas."""
+def _result(layout, obj, xs, f, gs, nit, reason, betas, f0=None) -> OptimizeResult:
+    """The ``OptimizeResult`` of a run; ``betas`` None for a method without AM betas.
+
+    ``f0``: f(x0) of a full-batch run; a run that used its ``maxiter`` steps and ends
+    above it has diverged, however slowly (status 2, not 1).
+    """
+    if reason == "maxiter" and f0 is not None and f > f0:
+        reason = "increased"
     status, message = STATUS_MESSAGES[reason]
     res = OptimizeResult(
         x=layout.pack(xs),
@@ -1104,6 +1121,7 @@ def _run_pipelined(
     if bound is not None:
         bound.x = got["x"]
     f, gnorm, g_max = got["f"], _gnorm(gtol, got["g"]), got["g_hi"]
+    f0 = None if batches or wd != 0 else f
     reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
     if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
         reason = "nonfinite"
@@ -1115,7 +1133,7 @@ def _run_pipelined(
             reason = "gtol"
             break
         if nit >= maxiter:
-            reason = "steps" if stochastic else "maxiter"
+            reason = "maxiter"
             break
         if nxt is None:
             nxt = launch(cur, nit + 1 >= maxiter)
@@ -1154,7 +1172,7 @@ def _run_pipelined(
     else:
         gs = cur.gs
     gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
-    return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None)
+    return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None, f0)
 
 
 def _gnorm(gtol: float, g_max: float) -> float:
@@ -1244,6 +1262,7 @@ def _run_device(
             bound.x = got["x"]
         f, gnorm, sums, g_max = got["f"], _gnorm(gtol, got["g"]), got["sums"], got["g_hi"]
         f_c = method_f(f, got["sq"])
+        f0 = f if wd == 0 else None
         reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
             reason = "nonfinite"
@@ -1276,7 +1295,7 @@ def _run_device(
             if cb is not None and _call_back(cb, layout, xs, f, gs, nit, beta, is_am):
                 reason = "callback"
         gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
-        return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+        return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None, f0)
 
     f, gs = math.nan, None
     x0_max = reads.point(xs, None, (), [], x_only=True, x_max=bound is not None)["x"]
@@ -1287,7 +1306,7 @@ def _run_device(
     unchecked = None  # the iterate before the latest step, while the step's x is unread
     while reason is None:
         if nit >= maxiter:
-            reason = "steps" if stochastic else "maxiter"
+            reason = "maxiter"
             break
         f_b, g_b = obj.batch(xs, sampler())
         g_step = reads.coupled(xs, g_b)
@@ -1356,13 +1375,22 @@ def _check_unknown_options(unknown: dict) -> None:
         warnings.warn(f"Unknown solver options: {msg}", OptimizeWarning, stacklevel=4)
 
 
-def _sampling(fun, batch_size, seed, replace, gtol, *, always: bool) -> dict:
+def _sampling(fun, batch_size, seed, replace, gtol, *, always: bool, method: str = "") -> dict:
     """Mini-batch settings for ``_run``.
 
     The sgd-type methods (``always``) sample any FiniteSum, ``min(32, n_samples)``
-    per batch unless told otherwise; the Adam family samples only when given
-    ``batch_size``. Mini-batch runs default to ``gtol=0``, full-batch runs to ``1e-5``.
+    per batch unless told otherwise, and refuse any other ``fun`` (their steps
+    would be full-batch steps, reported as a success); the Adam family samples only
+    when given ``batch_size``. Mini-batch runs default to ``gtol=0``, full-batch
+    runs to ``1e-5``.
     """
+    if always and not isinstance(fun, FiniteSum):
+        raise ValueError(
+            f"method {method!r} takes mini-batches of a FiniteSum fun (an object with "
+            "n_samples, value_and_grad and batch_value_and_grad, such as the "
+            f"amopt.problems finite sums); got fun={_describe(fun)}. For full-batch "
+            "steps use method 'gd', 'mgd', 'heavy-ball', 'nesterov' or 'am-mgd'."
+        )
     stochastic = always or batch_size is not None
     if gtol is None:
         gtol = 0.0 if stochastic else 1e-5

@@ -222,6 +222,8 @@ def _method(
     options |= loop.options
 
     def make(stand_in: Callable) -> Callable[..., OptimizeResult]:
+        name = stand_in.__name__.removeprefix("_minimize_").replace("_", "-")
+
         def minimize_method(fun, x0, args=(), jac=None, callback=None, **given) -> OptimizeResult:
             _check_unknown_options({k: v for k, v in given.items() if k not in options})
             opts = {k: given.get(k, default) for k, default in options.items()}
@@ -230,7 +232,7 @@ def _method(
                 run["gtol"] = opts["gtol"]
             else:
                 sampler = [opts[k] for k in ("batch_size", "seed", "replace", "gtol")]
-                run.update(_sampling(fun, *sampler, always=loop.always_sample))
+                run.update(_sampling(fun, *sampler, always=loop.always_sample, method=name))
             run.setdefault("is_am", False)
             return _run(fun, x0, args, jac, callback, step=step, maxiter=opts["maxiter"], **run)
 
@@ -351,8 +353,8 @@ def _minimize_sgd():
 
     Notes
     -----
-    With a plain callable ``fun``, it is treated as a (possibly stochastic)
-    oracle: each step evaluates it once at the current iterate.
+    ``fun`` must be a :class:`~amopt.FiniteSum`: a plain callable is refused
+    with a ``ValueError`` (use ``"gd"`` for full-batch steps).
     """
 
 

@@ -316,7 +316,11 @@ def test_method_signature_is_scipy_shaped_and_documented(method):
     for p in options:
         assert re.search(rf"^    (\w+, )*{p.name}\b", doc, re.M), p.name
     with pytest.warns(OptimizeWarning, match="Unknown solver options: foo"):
-        meth(f, np.zeros(3), (), g, None, foo=1, maxiter=0)
+        if method in ("sgd", "msgd", "am-sgd"):  # a plain callable: refused after the warning
+            with pytest.raises(ValueError, match=f"method '{method}' takes mini-batches"):
+                meth(f, np.zeros(3), (), g, None, foo=1, maxiter=0)
+        else:
+            meth(f, np.zeros(3), (), g, None, foo=1, maxiter=0)
 
 
 def test_core_steps_take_the_rule_options_one_by_one():
