@@ -49,11 +49,13 @@ class _Loop(NamedTuple):
 
 
 _SAMPLER = {"batch_size": None, "seed": None, "replace": False}
-_FULL_BATCH = _Loop({"maxiter": 1000, "gtol": 1e-5}, None)
+#: scipy's ``disp``: print the final message and the counters
+_DISP = {"disp": False}
+_FULL_BATCH = _Loop({"maxiter": 1000, "gtol": 1e-5, **_DISP}, None)
 #: the sgd-type methods: their gradient test is off by default
-_MINI_BATCH = _Loop({"maxiter": 1000, **_SAMPLER, "gtol": 0.0}, True)
+_MINI_BATCH = _Loop({"maxiter": 1000, **_SAMPLER, "gtol": 0.0, **_DISP}, True)
 #: the Adam family; ``gtol=None``: 1e-5 full batch, 0 with ``batch_size``
-_OPTIONAL_BATCH = _Loop({"maxiter": 1000, "gtol": None, **_SAMPLER}, False)
+_OPTIONAL_BATCH = _Loop({"maxiter": 1000, "gtol": None, **_SAMPLER, **_DISP}, False)
 _ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}
 #: the options of the AM rule, with the defaults of AMConfig (AM-MGD's)
 _AM_RULE = {f.name: f.default for f in dataclasses.fields(AMConfig)}
@@ -72,11 +74,23 @@ _DOCS = {
         Maximum number of steps.
     gtol : float
         Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.""",
+    "disp": r"""disp : bool
+        Print the final message and the counters, as scipy's methods do.""",
     "decoupled": r"""The decoupled decay is not the gradient of an objective: ``res.fun``
         and ``res.jac`` are :math:`f` and :math:`\nabla f`, and ``gtol`` tests
         :math:`\max|\nabla f|` (at a fixed point of the decoupled iteration
         :math:`\nabla f` is of order :math:`\epsilon\mu|x|`).""",
 }
+
+
+def _display(res: OptimizeResult) -> None:
+    """What scipy's gradient methods print with ``disp=True``."""
+    print(res.message if res.success else "Warning: " + res.message)
+    print(f"         Current function value: {float(res.fun):f}")
+    print(f"         Iterations: {res.nit:d}")
+    print(f"         Function evaluations: {res.nfev:d}")
+    print(f"         Gradient evaluations: {res.njev:d}")
+
 
 # ----------------------------------------------------------------------------- steps
 
@@ -234,7 +248,10 @@ def _method(
                 sampler = [opts[k] for k in ("batch_size", "seed", "replace", "gtol")]
                 run.update(_sampling(fun, *sampler, always=loop.always_sample, method=name))
             run.setdefault("is_am", False)
-            return _run(fun, x0, args, jac, callback, step=step, maxiter=opts["maxiter"], **run)
+            res = _run(fun, x0, args, jac, callback, step=step, maxiter=opts["maxiter"], **run)
+            if opts["disp"]:
+                _display(res)
+            return res
 
         # the signature of scipy's methods: the options are keyword arguments
         sig = inspect.signature(minimize_method)
@@ -245,7 +262,11 @@ def _method(
         )
         minimize_method.__name__ = minimize_method.__qualname__ = stand_in.__name__
         if stand_in.__doc__ is not None:  # None under python -OO
-            minimize_method.__doc__ = stand_in.__doc__ % _DOCS
+            doc = stand_in.__doc__ % _DOCS
+            # disp, an option of every method, closes its Options section
+            head, sep, notes = doc.partition("\n    Notes\n")
+            doc = head.rstrip() + "\n    " + _DOCS["disp"] + "\n" + (sep + notes if sep else "    ")
+            minimize_method.__doc__ = doc
         return minimize_method
 
     return make
@@ -324,7 +345,7 @@ def _minimize_am_mgd():
 
 @_method(_gd, _MINI_BATCH, lr=1e-3, weight_decay=0.0)
 def _minimize_sgd():
-    r"""Stochastic gradient descent on a :class:`~amopt.FiniteSum` (or a stochastic oracle).
+    r"""Stochastic gradient descent on a :class:`~amopt.FiniteSum`.
 
     Options
     -------

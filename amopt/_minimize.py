@@ -7,6 +7,7 @@ whose keyword arguments are the method's options) and share the loop of
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,7 +19,7 @@ from amopt._finite_sum import FiniteSum
 from amopt._loop import STATUS_MESSAGES
 from amopt._methods import METHODS
 
-__all__ = ["minimize", "scipy_method", "METHODS", "STATUS_MESSAGES"]
+__all__ = ["minimize", "scipy_method", "show_options", "METHODS", "STATUS_MESSAGES"]
 
 
 def _method(method: Any) -> Callable[..., OptimizeResult]:
@@ -80,17 +81,22 @@ def minimize(
         Shortcut for ``options["gtol"]`` (a ``gtol`` in ``options`` wins), as
         ``scipy.optimize.minimize`` maps ``tol`` to its gradient methods' ``gtol``.
     options : dict, optional
-        Method options: see ``show_options`` in each ``_minimize_<method>``
-        docstring (``lr``, ``lam``, ``beta_max``, ``beta``, ``betas``, ``eps``,
-        ``weight_decay``, ``weight_decay_mode``, ``numerator``, ``variant``,
-        ``beta_min``, ``theta``, ``beta_high``, ``beta_low``, ``per_layer``,
-        ``maxiter``, ``gtol``, ``batch_size``, ``seed``, ``replace``). Unknown
+        Method options, each method's listed below with its default;
+        :func:`amopt.show_options` prints what each one means (the docstring of
+        ``amopt.METHODS[method]``, as ``scipy.optimize.show_options``). Unknown
         options, and ``seed``/``replace`` when nothing is sampled, give an
         ``OptimizeWarning``. With coupled ``weight_decay`` :math:`\mu` (every
         method but ``"adamw"`` and ``"am-adamw"``) the method minimises
         :math:`f + \frac{\mu}{2}\|x\|^2`: ``gtol`` tests its gradient
         :math:`g + \mu x`, while ``res.fun`` and ``res.jac`` stay the values
         of ``fun`` and ``jac`` (see each method's options).
+
+    Notes
+    -----
+    The methods and their options, with their defaults (``lr=None``: see each
+    method; :func:`amopt.show_options` describes every option):
+
+    {METHOD_OPTIONS}
 
     Returns
     -------
@@ -120,6 +126,60 @@ def minimize(
     options = dict(options or {})
     _tol_to_gtol(tol, options)
     return meth(fun, x0, args, jac, callback, **options)
+
+
+def _method_options_doc() -> str:
+    """Each method's first docstring line and its options with their defaults."""
+    lines = []
+    for name, meth in METHODS.items():
+        summary = (meth.__doc__ or "").strip().split("\n", 1)[0].rstrip(".")
+        params = list(inspect.signature(meth).parameters.values())[5:-1]
+        opts = ", ".join(f"{p.name}={p.default!r}" for p in params)
+        lines.append(f"``{name!r}``\n        {summary}.\n        Options: {opts}.")
+    return "\n    ".join(lines)
+
+
+if minimize.__doc__ is not None:  # None under python -OO
+    minimize.__doc__ = minimize.__doc__.replace("{METHOD_OPTIONS}", _method_options_doc())
+
+
+def show_options(method: str | None = None, disp: bool = True) -> str | None:
+    """The documentation of the options of one method of :func:`minimize`, or of all.
+
+    Shaped as ``scipy.optimize.show_options("minimize", method, disp)``.
+
+    Parameters
+    ----------
+    method : str, optional
+        One of ``amopt.METHODS``; None: every method.
+    disp : bool
+        True: print the text (and return None); False: return it.
+
+    Returns
+    -------
+    str or None
+        The text, when ``disp`` is False.
+
+    Examples
+    --------
+    >>> import amopt
+    >>> text = amopt.show_options("gd", disp=False)
+    >>> "lr : float" in text and "gtol : float" in text
+    True
+    """
+    if method is None:
+        parts = []
+        for name in METHODS:
+            parts.extend(["\n\n" + name, "\n" + "=" * len(name) + "\n\n"])
+            parts.append(show_options(name, disp=False) or "")
+        text = "".join(parts)
+    else:
+        doc = _method(method).__doc__
+        text = "" if doc is None else inspect.cleandoc(doc)
+    if disp:
+        print(text)
+        return None
+    return text
 
 
 def _tol_to_gtol(tol: Any, options: dict[str, Any]) -> None:
@@ -196,4 +256,40 @@ def scipy_method(name: str) -> Callable[..., OptimizeResult]:
 
     _custom.__name__ = f"amopt_{name.replace('-', '_')}"
     _custom.__doc__ = meth.__doc__
-    return _custom
+    return _ScipyMethod(_custom, name)
+
+
+class _MethodName(str):
+    """The name scipy's ``show_options`` looks up: its ``Unknown method`` error names
+    :func:`amopt.show_options`, which documents the method."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{str.__repr__(self)} (an amopt method: its options are shown by "
+            f"amopt.show_options({self.removeprefix('amopt-')!r}))"
+        )
+
+
+class _ScipyMethod:
+    """The callable of :func:`scipy_method`, with the string methods scipy's helpers call.
+
+    ``scipy.optimize.show_options("minimize", method)`` lower-cases ``method`` (a
+    callable has no ``lower``: an ``AttributeError``); here it gets a name that scipy
+    does not know, and its ``ValueError`` points to :func:`amopt.show_options`.
+    """
+
+    def __init__(self, custom: Callable[..., OptimizeResult], name: str):
+        self._custom = custom
+        self.method = name
+        self.__name__ = self.__qualname__ = custom.__name__
+        self.__doc__ = custom.__doc__
+        self.__wrapped__ = custom
+
+    def __call__(self, *args: Any, **kwargs: Any) -> OptimizeResult:
+        return self._custom(*args, **kwargs)
+
+    def lower(self) -> str:
+        return _MethodName(f"amopt-{self.method}")
+
+    def __repr__(self) -> str:
+        return f"amopt.scipy_method({self.method!r})"

@@ -103,3 +103,67 @@ def test_maxiter_is_status_1_for_every_method():
         assert res.nit == 3, method
         assert res.status == 1 and not res.success, method
         assert res.message == amopt.STATUS_MESSAGES["maxiter"][1], method
+
+
+# ----------------------------------------------------------------------------- F
+
+
+def test_show_options_is_scipy_shaped():
+    import inspect
+
+    for name, meth in amopt.METHODS.items():
+        text = amopt.show_options(name, disp=False)
+        assert text == inspect.cleandoc(meth.__doc__)
+        assert "Options\n-------" in text
+        for p in list(inspect.signature(meth).parameters.values())[5:-1]:
+            assert p.name in text, (name, p.name)
+    every = amopt.show_options(disp=False)
+    for name in amopt.METHODS:
+        assert f"\n\n{name}\n{'=' * len(name)}\n\n" in every
+    with pytest.raises(ValueError, match="Unknown method 'nope'"):
+        amopt.show_options("nope")
+
+
+def test_show_options_prints_with_disp(capsys):
+    assert amopt.show_options("gd") is None
+    assert capsys.readouterr().out.strip() == amopt.show_options("gd", disp=False)
+
+
+def test_help_of_minimize_lists_every_method_and_its_defaults():
+    import inspect
+
+    doc = amopt.minimize.__doc__
+    for name, meth in amopt.METHODS.items():
+        assert f"``{name!r}``" in doc
+        params = list(inspect.signature(meth).parameters.values())[5:-1]
+        assert "Options: " + ", ".join(f"{p.name}={p.default!r}" for p in params) in doc
+
+
+def test_disp_prints_the_final_message_as_scipy(capsys):
+    q = _q100()
+    res = amopt.minimize(q, np.ones(10), method="gd", options={"lr": 1 / q.L, "disp": True})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == res.message
+    assert out[1].split(":")[1].strip() == f"{res.fun:f}"
+    assert out[2:] == [
+        f"         Iterations: {res.nit}",
+        f"         Function evaluations: {res.nfev}",
+        f"         Gradient evaluations: {res.njev}",
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimizeWarning)  # disp is a known option
+        res = amopt.minimize(q, np.ones(10), method="gd", options={"lr": 1 / q.L, "maxiter": 2,
+                                                                   "disp": True})
+    assert capsys.readouterr().out.startswith("Warning: " + res.message)
+
+
+def test_scipy_show_options_with_an_amopt_method_points_to_amopt():
+    import scipy.optimize
+
+    meth = amopt.scipy_method("am-mgd")
+    with pytest.raises(ValueError, match=r"amopt.show_options\('am-mgd'\)"):
+        scipy.optimize.show_options("minimize", meth)
+    res = scipy.optimize.minimize(
+        lambda x: float(x @ x), np.ones(3), jac=lambda x: 2 * x, method=meth, options={"lr": 0.25}
+    )
+    assert res.success
