@@ -586,6 +586,7 @@ def _run(
     decay_in_f=False,
     split=None,
     growth=None,
+    counted=None,
 ) -> OptimizeResult:
     """The loop shared by every method.
 
@@ -607,6 +608,8 @@ def _run(
     replace = check_bool("replace", replace)
     layout = _Layout(x0)
     obj = _Objective(fun, jac, args, layout)
+    if counted is not None:  # the evaluations that chose the step size (amopt._step_size)
+        obj.nfev, obj.njev = counted
     cb = _wrap_callback(callback)
     sampler = None
     if default_batch and batch_size is None and obj.finite_sum:

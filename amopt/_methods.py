@@ -74,6 +74,14 @@ _DOCS = {
         Maximum number of steps.
     gtol : float
         Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.""",
+    "lr": r"""lr : float or None
+        Step size :math:`\eta > 0`. None (default): :math:`1/L` (with coupled
+        ``weight_decay`` :math:`\mu`, :math:`1/(L+\mu)`), :math:`L` from
+        ``fun.L`` when ``fun`` has it (every :mod:`amopt.problems` class but
+        ``Rosenbrock``), else estimated at ``x0`` by a power iteration on
+        gradient differences, safeguarded by halving until the first gradient
+        step meets Armijo's condition (at most 20 + a few evaluations, counted in
+        ``nfev``); the step used is ``res.lr``.""",
     "disp": r"""disp : bool
         Print the final message and the counters, as scipy's methods do.""",
     "decoupled": r"""The decoupled decay is not the gradient of an objective: ``res.fun``
@@ -241,7 +249,17 @@ def _method(
         def minimize_method(fun, x0, args=(), jac=None, callback=None, **given) -> OptimizeResult:
             _check_unknown_options({k: v for k, v in given.items() if k not in options})
             opts = {k: given.get(k, default) for k, default in options.items()}
+            counted, chosen = None, False
+            if "lr" in opts and opts["lr"] is None and options["lr"] is None:
+                # 1/L, from fun.L or estimated at x0 (amopt._step_size)
+                from amopt._step_size import default_lr
+
+                wd = _weight_decay(opts)
+                lr, nfev, njev, how = default_lr(fun, x0, args, jac, weight_decay=wd)
+                opts["lr"], counted = lr, (nfev, njev)
+                chosen = how != "none"
             step, run = factory(opts)
+            run["counted"] = counted
             if loop.always_sample is None:
                 run["gtol"] = opts["gtol"]
             else:
@@ -249,6 +267,8 @@ def _method(
                 run.update(_sampling(fun, *sampler, always=loop.always_sample, method=name))
             run.setdefault("is_am", False)
             res = _run(fun, x0, args, jac, callback, step=step, maxiter=opts["maxiter"], **run)
+            if chosen:
+                res["lr"] = opts["lr"]  # the step size chosen, as the user did not
             if opts["disp"]:
                 _display(res)
             return res
@@ -272,20 +292,19 @@ def _method(
     return make
 
 
-@_method(_gd, _FULL_BATCH, lr=1e-3, weight_decay=0.0)
+@_method(_gd, _FULL_BATCH, lr=None, weight_decay=0.0)
 def _minimize_gd():
     r"""Gradient descent, :math:`x_{t+1} = x_t - \eta \nabla f(x_t)`.
 
     Options
     -------
-    lr : float
-        Step size :math:`\eta > 0` (``1/L`` for an L-smooth f).
+    %(lr)s
     %(weight_decay)s
     %(full_batch)s
     """
 
 
-@_method(_heavy_ball, _FULL_BATCH, lr=1e-3, beta=0.9, weight_decay=0.0)
+@_method(_heavy_ball, _FULL_BATCH, lr=None, beta=0.9, weight_decay=0.0)
 def _minimize_mgd():
     r"""Damped heavy ball (MGD) with fixed momentum ``beta``.
 
@@ -295,8 +314,7 @@ def _minimize_mgd():
 
     Options
     -------
-    lr : float
-        Step size :math:`\eta > 0`.
+    %(lr)s
     beta : float
         Momentum coefficient in [0, 1].
     %(weight_decay)s
@@ -304,7 +322,7 @@ def _minimize_mgd():
     """
 
 
-@_method(_am_momentum, _FULL_BATCH, lr=1e-3, weight_decay=0.0, **_AM_RULE)
+@_method(_am_momentum, _FULL_BATCH, lr=None, weight_decay=0.0, **_AM_RULE)
 def _minimize_am_mgd():
     r"""Adaptive Memory momentum gradient descent (AM-MGD).
 
@@ -321,8 +339,7 @@ def _minimize_am_mgd():
 
     Options
     -------
-    lr : float
-        Step size :math:`\eta > 0` (the paper uses ``1/L``).
+    %(lr)s
     %(weight_decay)s
     lam : float
         Proximal regularisation :math:`\lambda \ge 0`.
@@ -343,14 +360,13 @@ def _minimize_am_mgd():
     """
 
 
-@_method(_gd, _MINI_BATCH, lr=1e-3, weight_decay=0.0)
+@_method(_gd, _MINI_BATCH, lr=None, weight_decay=0.0)
 def _minimize_sgd():
     r"""Stochastic gradient descent on a :class:`~amopt.FiniteSum`.
 
     Options
     -------
-    lr : float
-        Step size.
+    %(lr)s
     weight_decay : float
         Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
         :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
@@ -379,7 +395,7 @@ def _minimize_sgd():
     """
 
 
-@_method(_heavy_ball, _MINI_BATCH, lr=1e-3, beta=0.9, weight_decay=0.0)
+@_method(_heavy_ball, _MINI_BATCH, lr=None, beta=0.9, weight_decay=0.0)
 def _minimize_msgd():
     r"""Stochastic damped heavy ball (MSGD) with fixed ``beta``.
 
@@ -392,7 +408,7 @@ def _minimize_msgd():
     """
 
 
-@_method(_am_momentum, _MINI_BATCH, lr=1e-3, weight_decay=0.0, **_AM_STOCHASTIC)
+@_method(_am_momentum, _MINI_BATCH, lr=None, weight_decay=0.0, **_AM_STOCHASTIC)
 def _minimize_am_sgd():
     r"""Adaptive Memory momentum SGD (AM-MSGD), the paper's stochastic rule.
 

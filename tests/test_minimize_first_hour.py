@@ -167,3 +167,48 @@ def test_scipy_show_options_with_an_amopt_method_points_to_amopt():
         lambda x: float(x @ x), np.ones(3), jac=lambda x: 2 * x, method=meth, options={"lr": 0.25}
     )
     assert res.success
+
+
+# ----------------------------------------------------------------------------- D
+
+
+@pytest.mark.parametrize("method", ["gd", "mgd", "heavy-ball", "nesterov"])
+def test_without_lr_a_problem_object_steps_at_1_over_L(method):
+    if method not in amopt.METHODS:
+        pytest.skip(f"{method} not declared")
+    q = Quadratic.from_spectrum(20, cond=100, seed=0)
+    res = amopt.minimize(q, np.ones(20), method=method)
+    assert res.lr == 1.0 / q.L
+    assert res.status == 0, res.message  # gtol 1e-5 within the default maxiter
+    ref = amopt.minimize(q, np.ones(20), method=method, options={"lr": 1.0 / q.L})
+    np.testing.assert_array_equal(res.x, ref.x)
+    assert res.nit == ref.nit and res.nfev == ref.nfev
+
+
+def test_without_lr_a_plain_callable_gets_an_estimated_1_over_L():
+    q = Quadratic.from_spectrum(20, cond=100, seed=0)
+    calls = []
+
+    def fun(x):
+        calls.append(1)
+        return float(q.fun(x))
+
+    res = amopt.minimize(fun, np.ones(20), jac=q.grad, method="gd")
+    # the power iteration's estimate of L is at most L (a Rayleigh quotient) and close
+    assert 1.0 / q.L <= res.lr <= 1.02 / q.L
+    assert res.status == 0, res.message
+    assert res.nfev == len(calls) > res.nit + 1  # the estimate's evaluations are counted
+    # a non-quadratic objective: the curvature of cosh at x0 = 4 is the largest on the
+    # way to 0, so 1/L estimated there is a safe step
+    res = amopt.minimize(
+        lambda x: float(np.sum(np.cosh(x))), np.full(3, 4.0), jac=np.sinh, method="gd",
+        options={"gtol": 1e-8},
+    )
+    assert res.success and np.max(np.abs(res.x)) < 1e-7
+
+
+def test_adam_family_keeps_torch_lr():
+    import inspect
+
+    for name in ("adam", "adamw", "am-adam", "am-adamw"):
+        assert inspect.signature(amopt.METHODS[name]).parameters["lr"].default == 1e-3
