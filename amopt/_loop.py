@@ -37,12 +37,11 @@ STATUS_MESSAGES: dict[str, tuple[int, str]] = {
         "NaN or infinite value encountered in the objective, the gradient or the iterate; "
         "returning the last finite iterate.",
     ),
-    # a run that ends above where it started diverged, however slowly: the step size
-    # (`lr`) is too large for this objective
+    # a run that ends above where it started has failed, however slowly it diverged
     "increased": (
         2,
-        "The objective increased: f at the last iterate is above f(x0); the run diverged "
-        "(`lr` is probably too large).",
+        "The objective increased: f at the last iterate is above f(x0). The run diverged "
+        "(`lr` too large) or, with momentum, stopped in a transient (`maxiter` too small).",
     ),
     "nonfinite_x0": (2, "NaN or infinite value in `x0`; no step was taken."),
     "callback": (99, "`callback` raised `StopIteration`."),
@@ -824,15 +823,16 @@ class _Bound:
     For the methods whose step is :math:`x_{t+1} = x_t - \eta d_{t+1}` with
     :math:`|d_{t+1}|` bounded by the gradients read so far (``kind``: ``"gd"``,
     :math:`d = g`; ``"heavy_ball"``, a convex combination of :math:`d_t` and
-    :math:`g_t`; ``"am"``, :math:`g + \gamma (d - g)` with :math:`0 \le \gamma \le 1`):
+    :math:`g_t`; ``"am"``, :math:`g + \gamma (d - g)` with :math:`0 \le \gamma \le 1`;
+    ``"classical"`` and ``"nesterov"``, :math:`\beta d + g`, with ``beta``):
     :math:`\max|x_{t+1}| \le \max|x_t| + \eta D_{t+1}`, each bound widened by the
     rounding of the step's operations. While the bound stays far below the largest
     value of the dtype, no operation of the step can overflow and the new iterate is
     finite (its inputs are); past it, the loop reads the iterate's finiteness again.
     """
 
-    def __init__(self, kind: str, lr: float, xp: Any, arrays: tuple):
-        self.kind, self.lr = kind, lr
+    def __init__(self, kind: str, lr: float, xp: Any, arrays: tuple, beta: float = 0.0):
+        self.kind, self.lr, self.beta = kind, lr, beta
         infos = [xp.finfo(a.dtype) for a in arrays]
         self.limit = min(float(i.max) for i in infos) / 16
         self.slack = 1.0 + 8 * max(float(i.eps) for i in infos)
@@ -843,6 +843,14 @@ class _Bound:
     def step(self, g_max: float) -> bool:
         """Account for one step whose gradient has ``max|g| = g_max``; True when the
         new iterate is proven finite."""
+        if self.kind in ("classical", "nesterov"):
+            # undamped: |d_{t+1}| <= beta |d_t| + |g_t|; Nesterov steps along g + beta d
+            d = (self.beta * self.d + g_max) * self.slack
+            move = d if self.kind == "classical" else (g_max + self.beta * d) * self.slack
+            self.steps += 1
+            self.d = d
+            self.x = (self.x + self.lr * move) * self.slack
+            return self.x <= self.limit  # False for NaN
         if self.kind == "gd" or self.steps == 0:  # the first step sets d = g
             d = g_max
         elif self.kind == "heavy_ball":
@@ -1222,7 +1230,7 @@ def _run_device(
     xp = layout.xp
     # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
     # when the bound no longer proves it; the bound needs max|g|
-    bound = None if growth is None else _Bound(*growth, xp, layout.arrays)
+    bound = None if growth is None else _Bound(*growth[:2], xp, layout.arrays, *growth[2:])
     g_sq = None if split is None else split.g_sq
     exact_g = gtol > 0 or bound is not None
     reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, g_sq)

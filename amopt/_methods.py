@@ -152,6 +152,21 @@ def _heavy_ball(options: dict) -> tuple[Callable, dict]:
     return step, {"weight_decay": _weight_decay(options), "growth": ("heavy_ball", lr)}
 
 
+def _classical(options: dict, *, nesterov: bool) -> tuple[Callable, dict]:
+    lr = check_positive("lr", options["lr"])
+    beta = check_interval("beta", options["beta"], 0.0, 1.0)
+
+    def step(xs, gs, f, state):
+        state = _core.heavy_ball_init(xs) if state is None else state
+        xs, state = _core.classical_momentum_step(
+            xs, gs, state, lr=lr, beta=beta, nesterov=nesterov
+        )
+        return xs, state, None
+
+    kind = "nesterov" if nesterov else "classical"
+    return step, {"weight_decay": _weight_decay(options), "growth": (kind, lr, beta)}
+
+
 def _am_momentum(options: dict) -> tuple[Callable, dict]:
     config = AMConfig.from_options(options)
     lr = check_positive("lr", options["lr"])
@@ -306,17 +321,71 @@ def _minimize_gd():
 
 @_method(_heavy_ball, _FULL_BATCH, lr=None, beta=0.9, weight_decay=0.0)
 def _minimize_mgd():
-    r"""Damped heavy ball (MGD) with fixed momentum ``beta``.
+    r"""Damped momentum (MGD): an average of the gradients, no faster than GD at ``lr = 1/L``.
 
     .. math::
 
         d_0 = g_0,\quad d_{t+1} = \beta d_t + (1-\beta) g_t,\quad x_{t+1} = x_t - \eta d_{t+1}
+
+    This is ``torch.optim.SGD(momentum=beta, dampening=beta)``, the momentum the
+    AM methods adapt. The step along a constant gradient is :math:`\eta g`: it does
+    not accelerate. The classical heavy ball, ``SGD(momentum=beta)``, is
+    ``"heavy-ball"``; Nesterov's is ``"nesterov"``.
 
     Options
     -------
     %(lr)s
     beta : float
         Momentum coefficient in [0, 1].
+    %(weight_decay)s
+    %(full_batch)s
+    """
+
+
+@_method(partial(_classical, nesterov=False), _FULL_BATCH, lr=None, beta=0.9, weight_decay=0.0)
+def _minimize_heavy_ball():
+    r"""Polyak's heavy ball: classical, undamped momentum (``torch.optim.SGD(momentum=beta)``).
+
+    .. math::
+
+        d_0 = 0,\quad d_{t+1} = \beta d_t + g_t,\quad x_{t+1} = x_t - \eta d_{t+1},
+        \quad\text{i.e.}\quad x_{t+1} = x_t - \eta g_t + \beta (x_t - x_{t-1})
+
+    Unlike ``"mgd"`` (damped, :math:`d = \beta d + (1-\beta) g`, which at
+    ``lr = 1/L`` is no faster than gradient descent), the momentum adds up
+    :math:`1/(1-\beta)` gradients. Textbook tuning on an :math:`L`-smooth,
+    :math:`\mu`-strongly convex quadratic: :math:`\eta = 4/(\sqrt L + \sqrt\mu)^2`,
+    :math:`\beta = ((\sqrt\kappa-1)/(\sqrt\kappa+1))^2`, rate
+    :math:`(\sqrt\kappa-1)/(\sqrt\kappa+1)` per step (:math:`\kappa = L/\mu`).
+
+    Options
+    -------
+    %(lr)s
+    beta : float
+        Momentum coefficient in [0, 1] (default 0.9, torch's usual value).
+    %(weight_decay)s
+    %(full_batch)s
+    """
+
+
+@_method(partial(_classical, nesterov=True), _FULL_BATCH, lr=None, beta=0.9, weight_decay=0.0)
+def _minimize_nesterov():
+    r"""Nesterov momentum, as ``torch.optim.SGD(momentum=beta, nesterov=True)`` (undamped).
+
+    .. math::
+
+        d_0 = 0,\quad d_{t+1} = \beta d_t + g_t,\quad
+        x_{t+1} = x_t - \eta\,(g_t + \beta d_{t+1})
+
+    Textbook tuning on an :math:`L`-smooth, :math:`\mu`-strongly convex objective:
+    :math:`\eta = 1/L`, :math:`\beta = (\sqrt\kappa-1)/(\sqrt\kappa+1)`
+    (:math:`\kappa = L/\mu`).
+
+    Options
+    -------
+    %(lr)s
+    beta : float
+        Momentum coefficient in [0, 1] (default 0.9).
     %(weight_decay)s
     %(full_batch)s
     """
@@ -397,7 +466,7 @@ def _minimize_sgd():
 
 @_method(_heavy_ball, _MINI_BATCH, lr=None, beta=0.9, weight_decay=0.0)
 def _minimize_msgd():
-    r"""Stochastic damped heavy ball (MSGD) with fixed ``beta``.
+    r"""Stochastic damped momentum (MSGD): ``"mgd"`` on mini-batches.
 
     Options
     -------
@@ -566,6 +635,8 @@ def _minimize_am_adamw():
 METHODS: dict[str, Callable[..., OptimizeResult]] = {
     "gd": _minimize_gd,
     "mgd": _minimize_mgd,
+    "heavy-ball": _minimize_heavy_ball,
+    "nesterov": _minimize_nesterov,
     "am-mgd": _minimize_am_mgd,
     "adam": _minimize_adam,
     "adamw": _minimize_adamw,

@@ -58,10 +58,12 @@ def minimize(
     args : tuple
         Extra arguments to ``fun`` and ``jac``.
     method : str
-        Full batch: ``"gd"``, ``"mgd"``, ``"am-mgd"`` (default), ``"adam"``,
-        ``"adamw"``, ``"am-adam"``, ``"am-adamw"``. Mini-batch, on a FiniteSum:
-        ``"sgd"``, ``"msgd"``, ``"am-sgd"``, and the Adam family with
-        ``batch_size``.
+        Full batch: ``"gd"``, ``"mgd"`` (damped momentum, an average of the
+        gradients: no faster than GD at ``lr = 1/L``), ``"heavy-ball"``
+        (Polyak's classical momentum, ``torch.optim.SGD(momentum=beta)``),
+        ``"nesterov"``, ``"am-mgd"`` (default), ``"adam"``, ``"adamw"``,
+        ``"am-adam"``, ``"am-adamw"``. Mini-batch, on a FiniteSum: ``"sgd"``,
+        ``"msgd"``, ``"am-sgd"``, and the Adam family with ``batch_size``.
     jac : callable, True or None
         Gradient ``jac(x, *args)``, an array of the shape and array type of
         ``x`` (a real dtype other than that of ``x`` is converted to it);

@@ -284,7 +284,7 @@ def test_unknown_method_lists_methods():
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "Unknown method 'bfgs'; method must be one of: gd, mgd, am-mgd, adam, adamw"
+            "Unknown method 'bfgs'; method must be one of: gd, mgd, heavy-ball, nesterov, am-mgd"
         ),
     ):
         amopt.minimize(f, np.zeros(3), method="bfgs", jac=g)

@@ -212,3 +212,131 @@ def test_adam_family_keeps_torch_lr():
 
     for name in ("adam", "adamw", "am-adam", "am-adamw"):
         assert inspect.signature(amopt.METHODS[name]).parameters["lr"].default == 1e-3
+
+
+# ----------------------------------------------------------------------------- A
+
+
+def _reference_momentum(a, x0, lr, beta, nesterov, T):
+    """Classical momentum written out from its definition (NumPy, diagonal quadratic).
+
+    Heavy ball: x_{t+1} = x_t - lr g_t + beta (x_t - x_{t-1}) with x_{-1} = x_0.
+    Nesterov (torch's SGD(nesterov=True)): b = beta b + g (b_0 = g_0), x -= lr (g + beta b).
+    """
+    x, x_prev, b = x0.copy(), x0.copy(), None
+    out = [x.copy()]
+    for _ in range(T):
+        g = a * x
+        if nesterov:
+            b = g.copy() if b is None else beta * b + g
+            x = x - lr * (g + beta * b)
+        else:
+            x, x_prev = x - lr * g + beta * (x - x_prev), x
+        out.append(x.copy())
+    return out
+
+
+def _namespaces():
+    kinds = ["numpy", "list"]
+    try:
+        import torch  # noqa: F401
+
+        kinds.append("torch")
+    except ImportError:
+        pass
+    try:
+        import array_api_strict  # noqa: F401
+
+        kinds.append("array_api_strict")
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            kinds.append("cupy")
+    except Exception:  # noqa: BLE001 - no CuPy or no GPU
+        pass
+    return kinds
+
+
+@pytest.mark.parametrize("kind", _namespaces())
+@pytest.mark.parametrize("method", ["heavy-ball", "nesterov"])
+def test_classical_momentum_matches_its_definition_on_every_array_kind(method, kind):
+    a = np.geomspace(0.01, 1.0, 12)
+    x0 = np.linspace(-1.0, 2.0, 12)
+    lr, beta, T = 0.9, 0.8, 40
+    want = _reference_momentum(a, x0, lr, beta, method == "nesterov", T)
+    if kind == "list":  # a parameter list: two arrays, one objective
+        conv, back = (lambda v: [v[:5].copy(), v[5:].copy()]), (lambda v: np.concatenate(v))
+    elif kind == "numpy":
+        conv, back = np.array, np.asarray
+    elif kind == "torch":
+        import torch
+
+        conv, back = (lambda v: torch.tensor(v, dtype=torch.float64)), (lambda t: t.numpy())
+    elif kind == "cupy":
+        import cupy
+
+        conv, back = cupy.asarray, cupy.asnumpy
+    else:
+        import array_api_strict as xps
+
+        conv, back = (lambda v: xps.asarray(v)), (lambda t: np.asarray(t))
+    A = conv(a)
+
+    if kind == "list":
+
+        def fun(xs):
+            return float(0.5 * (a[:5] * xs[0]) @ xs[0] + 0.5 * (a[5:] * xs[1]) @ xs[1])
+
+        def jac(xs):
+            return [a[:5] * xs[0], a[5:] * xs[1]]
+
+    else:
+        xp = amopt.backends.array_namespace(A)
+
+        def fun(x):
+            return 0.5 * xp.sum(A * x * x)
+
+        def jac(x):
+            return A * x
+
+    got = [x0.copy()]
+    res = amopt.minimize(
+        fun, conv(x0), jac=jac, method=method,
+        options={"lr": lr, "beta": beta, "maxiter": T, "gtol": 0.0},
+        callback=lambda intermediate_result: got.append(back(intermediate_result.x)),
+    )
+    assert res.nit == T and res.status == 1
+    # the same operations in another order: agreement to a few ulps of the values
+    for g_t, w_t in zip(got, want, strict=True):
+        np.testing.assert_allclose(g_t, w_t, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(back(res.x), want[-1], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cond", [10.0, 100.0, 1e4])
+def test_heavy_ball_and_nesterov_reach_their_textbook_rates(cond):
+    """At the textbook tuning from L and mu, on a quadratic, |x_T - x*| <= (T+1) rho^T |x_0 - x*|.
+
+    Heavy ball: lr = 4/(sqrt L + sqrt mu)^2, beta = ((sqrt k - 1)/(sqrt k + 1))^2,
+    rho = (sqrt k - 1)/(sqrt k + 1) (the spectral radius of its iteration; (T+1)
+    bounds the growth of its Jordan blocks). Nesterov: lr = 1/L, beta = (sqrt k - 1)/
+    (sqrt k + 1), rho = 1 - 1/sqrt k. Gradient descent's rate (k-1)/(k+1) is far slower.
+    """
+    q = Quadratic.from_spectrum(30, cond=cond, L=2.0, seed=1, b=np.zeros(30))
+    L, mu, sk = q.L, q.mu, np.sqrt(cond)
+    x0 = np.random.default_rng(0).standard_normal(30)
+    e0 = np.linalg.norm(x0)
+    for T in (50, 200):
+        hb = amopt.minimize(q, x0, method="heavy-ball", options={
+            "lr": 4 / (np.sqrt(L) + np.sqrt(mu)) ** 2, "beta": ((sk - 1) / (sk + 1)) ** 2,
+            "maxiter": T, "gtol": 0.0})
+        rho = (sk - 1) / (sk + 1)
+        assert np.linalg.norm(hb.x) <= (T + 1) * rho**T * e0 + 1e-300
+        nag = amopt.minimize(q, x0, method="nesterov", options={
+            "lr": 1 / L, "beta": (sk - 1) / (sk + 1), "maxiter": T, "gtol": 0.0})
+        assert np.linalg.norm(nag.x) <= (T + 1) * (1 - 1 / sk) ** T * e0 + 1e-300
+    if cond == 100:  # and heavy ball is far ahead of gradient descent's bound
+        gd_rate = (cond - 1) / (cond + 1)
+        assert np.linalg.norm(hb.x) < 1e-3 * gd_rate**T * e0
