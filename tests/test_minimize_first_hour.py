@@ -72,14 +72,15 @@ def _q100():
 
 @pytest.mark.parametrize("array", ["numpy", "torch"])
 def test_a_run_that_ends_above_f_x0_says_it_diverged(array):
-    """AM-MGD at lr = 10/L stays finite (beta is clipped) but ends far above f(x0)."""
+    """AM-MGD (the paper's exact rule) at lr = 10/L stays finite but ends above f(x0)."""
     q = _q100()
     x0 = np.ones(10)
     f0 = float(q.fun(x0))
     if array == "torch":
         torch = pytest.importorskip("torch")
         x0 = torch.ones(10, dtype=torch.float64)
-    res = amopt.minimize(q, x0, method="am-mgd", options={"lr": 10 / q.L, "maxiter": 200})
+    opts = {"lr": 10 / q.L, "maxiter": 200, "numerator": "exact"}
+    res = amopt.minimize(q, x0, method="am-mgd", options=opts)
     assert np.isfinite(res.fun) and res.fun > f0  # the situation tested
     assert res.status == 2 and not res.success
     assert res.message == amopt.STATUS_MESSAGES["increased"][1]
@@ -340,3 +341,57 @@ def test_heavy_ball_and_nesterov_reach_their_textbook_rates(cond):
     if cond == 100:  # and heavy ball is far ahead of gradient descent's bound
         gd_rate = (cond - 1) / (cond + 1)
         assert np.linalg.norm(hb.x) < 1e-3 * gd_rate**T * e0
+
+
+# ----------------------------------------------------------------------------- C
+
+
+def _ls(n, d, seed=0):
+    rng = np.random.default_rng(seed)
+    return LeastSquares(rng.standard_normal((n, d)), rng.standard_normal(n))
+
+
+@pytest.mark.parametrize(("n", "d"), [(200, 20), (500, 50), (100, 10)])
+def test_default_minimize_is_at_least_as_fast_as_gd(n, d):
+    """The default method of minimize (no method, numerator or lr) reaches gtol 1e-8 on
+    least squares in at most GD's iterations, GD at lr = 1/L counted here."""
+    prob = _ls(n, d)
+    x0 = np.zeros(d)
+    x, gd_nit = x0.copy(), 0
+    while np.max(np.abs(prob.grad(x))) > 1e-8:
+        x = x - prob.grad(x) / prob.L
+        gd_nit += 1
+    res = amopt.minimize(prob, x0, options={"gtol": 1e-8, "maxiter": 10 * gd_nit})
+    assert res.success, res.message
+    assert res.nit <= gd_nit
+    np.testing.assert_allclose(res.x, prob.x_star, rtol=0, atol=1e-6)
+
+
+def test_the_papers_exact_rule_is_one_option_away():
+    prob = _ls(200, 20)
+    opts = {"lr": 1 / prob.L, "maxiter": 5, "gtol": 0.0}
+    ref = _reference_am_mgd_exact(prob, 1 / prob.L, 5)
+    res = amopt.minimize(prob, np.zeros(20), method="am-mgd", options={**opts, "numerator": "exact"})
+    np.testing.assert_allclose(res.betas, ref, rtol=1e-9, atol=1e-12)
+    lin = amopt.minimize(prob, np.zeros(20), method="am-mgd", options=opts)
+    assert not np.allclose(lin.betas[2:], ref[2:])
+
+
+def _reference_am_mgd_exact(prob, lr, T):
+    """The paper's Algorithm 1 (lam = 0, beta_max = 1, exact numerator): the betas."""
+    x = np.zeros(prob.dim)
+    d, f_prev, betas = None, None, []
+    for _ in range(T):
+        f, g = prob.value_and_grad(x)
+        f = float(f)
+        if d is None:
+            d = g.copy()
+        v = d - g
+        den = v @ v
+        num = g @ g if f_prev is None else (f_prev - f) / lr - v @ g
+        beta = 0.0 if den <= 1e-300 else min(max(num / den, 0.0), 1.0)
+        betas.append(beta)
+        d = g + beta * v
+        f_prev = f
+        x = x - lr * d
+    return np.array(betas)
