@@ -125,6 +125,11 @@ class _Layout:
                     ) from None
             arrays = (x0,)
         self.xp = array_namespace(*arrays)
+        # a torch x0 that requires grad: the run works on detached copies (no autograd
+        # history is built through the steps, and the result does not require grad)
+        arrays = tuple(
+            a.detach() if getattr(a, "requires_grad", False) is True else a for a in arrays
+        )
         arrays = tuple(self._as_float(a, i) for i, a in enumerate(arrays))
         self.user_shapes = [tuple(a.shape) for a in arrays]
         self.zero_d = any(s == () for s in self.user_shapes)
@@ -411,9 +416,21 @@ class _Objective:
             return _deferred_scalar(f, what, self.layout.xp, self.layout.arrays[0])
         return _scalar(f, what)
 
+    def point(self, arrays: tuple) -> Any:
+        """A copy of the iterate for ``fun`` or ``jac``, as scipy hands them: what they do
+        to it cannot change the run.
+
+        Device arrays (``defer``) are handed as they are: a copy per evaluation would be
+        a pass over device memory each (the device loop's traffic is budgeted); there
+        ``fun`` and ``jac`` must not modify their argument, as a torch ``closure``.
+        """
+        if self.defer:
+            return self.layout.pack(arrays)
+        return self.layout.pack(self.layout.copy(arrays))
+
     def __call__(self, arrays: tuple) -> tuple[float, tuple]:
         """Full objective value and gradient at ``arrays``."""
-        x = self.layout.pack(arrays)
+        x = self.point(arrays)
         if self.finite_sum:
             self.nfev += 1
             self.njev += 1
@@ -437,7 +454,7 @@ class _Objective:
         self.nfev += 1
         self.njev += 1
         f = self.scalar(self.fun(x, *self.args), "fun")
-        return f, self.layout.unpack(self.jac(x, *self.args), "jac")
+        return f, self.layout.unpack(self.jac(self.point(arrays), *self.args), "jac")
 
     @staticmethod
     def _pair(out: Any, what: str) -> tuple[Any, Any]:
@@ -448,7 +465,7 @@ class _Objective:
         return f, g
 
     def batch(self, arrays: tuple, indices: np.ndarray) -> tuple[float, tuple]:
-        x = self.layout.pack(arrays)
+        x = self.point(arrays)
         self.nfev += 1
         self.njev += 1
         what = "fun.batch_value_and_grad"
@@ -466,8 +483,10 @@ class _Objective:
 
         def value(xs: tuple) -> float:
             self.nfev += 1
-            return _scalar(self.fun(layout.pack(xs), *self.args), "fun")
+            return _scalar(self.fun(self.point(xs), *self.args), "fun")
 
+        # one gradient evaluation (scipy's njev), of n + 1 values of fun (its nfev)
+        self.njev += 1
         f0 = value(arrays)
         grads = []
         for i, a in enumerate(arrays):

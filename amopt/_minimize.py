@@ -7,6 +7,7 @@ whose keyword arguments are the method's options) and share the loop of
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from scipy.optimize import OptimizeResult
 
 from amopt._config import check_nonnegative
 from amopt._finite_sum import FiniteSum
-from amopt._loop import STATUS_MESSAGES
+from amopt._loop import STATUS_MESSAGES, _wrap_callback
 from amopt._methods import METHODS
 
 __all__ = ["minimize", "scipy_method", "show_options", "METHODS", "STATUS_MESSAGES"]
@@ -56,7 +57,10 @@ def minimize(
         rejected. ``x0`` is copied, never modified. Computation stays on the
         caller's library and device.
     args : tuple
-        Extra arguments to ``fun`` and ``jac``.
+        Extra arguments to ``fun`` and ``jac``. As scipy does, ``fun`` and ``jac``
+        get copies of the iterate (what they do to it cannot change the run),
+        except on device arrays (CuPy, torch on a GPU), where a copy per call
+        would be a pass over device memory: there they must not modify it.
     method : str
         Full batch: ``"gd"``, ``"mgd"`` (damped momentum, an average of the
         gradients: no faster than GD at ``lr = 1/L``), ``"heavy-ball"``
@@ -245,13 +249,18 @@ def scipy_method(name: str) -> Callable[..., OptimizeResult]:
         _tol_to_gtol(options.pop("tol", None), options)
         cb = callback
         if callback is not None:
-            # scipy wraps the user's callback to take an OptimizeResult and reads
-            # `stop_iteration` afterwards to set status 99 itself.
+            # scipy hands a custom method the user's callback as given: either form,
+            # callback(xk) or callback(intermediate_result) by its parameter's name,
+            # dispatched as amopt.minimize does; scipy's own wrapper reads
+            # `stop_iteration` to set status 99, where the callback can hold it
+            user = _wrap_callback(callback)
+
             def cb(intermediate_result):
                 try:
-                    callback(intermediate_result)
+                    user(intermediate_result)
                 except StopIteration:
-                    callback.stop_iteration = True
+                    with contextlib.suppress(AttributeError, TypeError):
+                        callback.stop_iteration = True
                     raise
 
         return meth(fun, x0, args, jac, cb, **options)

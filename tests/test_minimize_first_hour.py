@@ -395,3 +395,101 @@ def _reference_am_mgd_exact(prob, lr, T):
         f_prev = f
         x = x - lr * d
     return np.array(betas)
+
+
+# ----------------------------------------------------------------------------- H
+
+
+def test_fun_and_jac_that_modify_their_argument_do_not_change_the_run():
+    q = _q100()
+    opts = {"lr": 1 / q.L, "maxiter": 30, "gtol": 0.0}
+    ref = amopt.minimize(q.fun, np.ones(10), jac=q.grad, method="heavy-ball", options=opts)
+
+    def fun(x):
+        f = q.fun(x)
+        x *= np.nan  # a careless user function
+        return f
+
+    def jac(x):
+        g = q.grad(x)
+        x[:] = 0.0
+        return g
+
+    res = amopt.minimize(fun, np.ones(10), jac=jac, method="heavy-ball", options=opts)
+    np.testing.assert_array_equal(res.x, ref.x)
+    assert res.status == ref.status == 1
+
+
+def test_torch_x0_that_requires_grad_builds_no_history():
+    torch = pytest.importorskip("torch")
+    q = _q100()
+    A = torch.tensor(q.A)
+    x0 = torch.ones(10, dtype=torch.float64, requires_grad=True)
+    seen = []
+
+    def fun(x):
+        seen.append(x.requires_grad)
+        return 0.5 * x @ (A @ x)
+
+    res = amopt.minimize(fun, x0, jac=lambda x: A @ x, method="gd",
+                         options={"lr": 1 / q.L, "maxiter": 5})
+    assert not any(seen)  # fun sees detached iterates: nothing to record
+    assert not res.x.requires_grad and res.x.grad_fn is None
+    assert not res.jac.requires_grad
+    assert x0.requires_grad and torch.equal(x0.detach(), torch.ones(10, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("form", ["xk", "intermediate_result"])
+def test_scipy_method_passes_every_callback_form(form):
+    import scipy.optimize
+
+    q = _q100()
+    got = []
+    if form == "xk":
+
+        def callback(xk):
+            got.append(xk)
+            if len(got) == 3:
+                raise StopIteration
+
+    else:
+
+        def callback(intermediate_result):
+            got.append(intermediate_result)
+            if len(got) == 3:
+                raise StopIteration
+
+    res = scipy.optimize.minimize(q.fun, np.ones(10), jac=q.grad, callback=callback,
+                                  method=amopt.scipy_method("gd"), options={"lr": 1 / q.L})
+    assert res.status == 99 and res.nit == 3
+    if form == "xk":  # as scipy's own methods: the iterate, an array
+        assert all(type(x) is np.ndarray and x.shape == (10,) for x in got)
+    else:
+        assert all(isinstance(r, scipy.optimize.OptimizeResult) for r in got)
+        assert [r.nit for r in got] == [1, 2, 3]
+    ref = scipy.optimize.minimize(q.fun, np.ones(10), jac=q.grad, method="BFGS",
+                                  callback=callback if form == "xk" else None,
+                                  options={"maxiter": 1})
+    assert type(got[-1] if form == "xk" else got[-1].x) is type(ref.x)
+
+
+def test_counters_as_scipy_counts_them():
+    q = _q100()
+    calls = {"fun": 0, "jac": 0}
+
+    def fun(x):
+        calls["fun"] += 1
+        return float(q.fun(x))
+
+    def jac(x):
+        calls["jac"] += 1
+        return q.grad(x)
+
+    opts = {"lr": 1 / q.L, "maxiter": 7, "gtol": 0.0}
+    res = amopt.minimize(fun, np.ones(10), jac=jac, method="gd", options=opts)
+    assert (res.nfev, res.njev, res.nit) == (calls["fun"], calls["jac"], 7)
+    # finite differences: every call of fun counted in nfev, each gradient in njev
+    calls["fun"] = 0
+    with pytest.warns(OptimizeWarning):
+        res = amopt.minimize(fun, np.ones(10), method="gd", options=opts)
+    assert res.nfev == calls["fun"] == 8 * 11 and res.njev == 8 and res.nit == 7
