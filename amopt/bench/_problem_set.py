@@ -17,7 +17,9 @@ iterations:
   of their iterations is a line search of one or more evaluations, ``nfev``).
 
 A problem's row in the bench is the default's iterations over GD's (where neither
-reaches the test in ``MAXITER``: the ratio of the gradients they reach), with the
+reaches the test in ``MAXITER``: the ratio of their suboptimalities
+:math:`f - f_{best}` at ``MAXITER``, :math:`f_{best}` the lowest f of any method on
+that problem), with the
 target 1 on the convex problems (the rule the default of ``minimize`` was chosen
 by: at least as fast as GD in iterations on every convex problem of the set) and
 informational on the non-convex ones; its note holds every method's numbers.
@@ -253,9 +255,19 @@ def measure_problem(case: Case, maxiter: int = MAXITER) -> dict[str, Outcome]:
     return out
 
 
-def _fmt(o: Outcome) -> str:
-    if o.nit is None:  # not reached: where the gradient test stands at the end
-        g = "diverged" if not math.isfinite(o.g_rel) else f"|g| {o.g_rel:.0e}"
+def _best(got: dict[str, Outcome]) -> float:
+    """The lowest f any method reached: the f* of the suboptimality of the table."""
+    return min((o.fun for o in got.values() if math.isfinite(o.fun)), default=math.nan)
+
+
+def _gap(o: Outcome, f_best: float) -> float:
+    return o.fun - f_best if math.isfinite(o.fun) else math.inf
+
+
+def _fmt(o: Outcome, f_best: float) -> str:
+    if o.nit is None:  # not reached: the suboptimality at the end, against the best f
+        gap = _gap(o, f_best)
+        g = "diverged" if not math.isfinite(gap) else f"gap {gap:.1e}"
         return f">{MAXITER} ({g}, {o.seconds:.1f} s)"
     return f"{o.nit} ({o.seconds:.2f} s)"
 
@@ -268,7 +280,9 @@ def format_table(cases: tuple[Case, ...] = PROBLEMS) -> str:
         got = _CACHE.get(case.key)
         if got is None:
             continue
-        lines.append(f"| {case.label} | " + " | ".join(_fmt(got[m]) for m in METHODS) + " |")
+        f_best = _best(got)
+        cells = " | ".join(_fmt(got[m], f_best) for m in METHODS)
+        lines.append(f"| {case.label} | {cells} |")
     return "\n".join(lines)
 
 
@@ -276,11 +290,15 @@ def _row(case: Case) -> Row:
     def measure(s: Settings) -> Measured:
         got = measure_problem(case)
         default, gd = got["default"], got["GD"]
-        note = "; ".join(f"{m}: {_fmt(o)}" for m, o in got.items())
+        f_best = _best(got)
+        note = "; ".join(f"{m}: {_fmt(o, f_best)}" for m, o in got.items())
         if default.nit is None and gd.nit is None:
-            # neither reached the test in MAXITER: the ratio of the gradients they reached
-            return Measured(a=default.g_rel, b=gd.g_rel, ratio=default.g_rel / gd.g_rel,
-                            unit="max|g|/max|g0| at MAXITER", note=note)  # fmt: skip
+            # neither reached the test in MAXITER: the ratio of their suboptimalities
+            # f - f_best (f_best: the lowest f of any method; a momentum method's
+            # gradient is not monotone, its f - f* is what it minimises)
+            a, b = _gap(default, f_best), _gap(gd, f_best)
+            return Measured(a=a, b=b, ratio=a / b if b > 0 else math.inf,
+                            unit=f"f - f_best at {MAXITER} it", note=note)  # fmt: skip
         # not reached counts as MAXITER + 1 (a lower bound of the true count)
         a = MAXITER + 1 if default.nit is None else default.nit
         b = MAXITER + 1 if gd.nit is None else gd.nit
