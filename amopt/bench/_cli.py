@@ -142,6 +142,8 @@ def _fmt(value: float) -> str:
         return f"{value:.0f}"
     if value >= 10:
         return f"{value:.1f}"
+    if 0 < abs(value) < 0.01:  # e.g. the problem set's suboptimalities
+        return f"{value:.2e}"
     return f"{value:.2f}"
 
 
