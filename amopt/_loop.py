@@ -479,7 +479,6 @@ class _Objective:
         :math:`\\epsilon` that of the dtype of x (a float64 step is below float32
         resolution); the quotient divides by the step actually taken in that dtype.
         """
-        layout = self.layout
 
         def value(xs: tuple) -> float:
             self.nfev += 1

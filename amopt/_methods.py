@@ -306,7 +306,8 @@ def _method(
             doc = stand_in.__doc__ % _DOCS
             # disp, an option of every method, closes its Options section
             head, sep, notes = doc.partition("\n    Notes\n")
-            doc = head.rstrip() + "\n    " + _DOCS["disp"] + "\n" + (sep + notes if sep else "    ")
+            tail = sep + notes if sep else "    "
+            doc = head.rstrip() + "\n    " + _DOCS["disp"] + "\n" + tail
             minimize_method.__doc__ = doc
         return minimize_method
 

@@ -14,8 +14,17 @@ def _case(key):
 def test_problem_set_rows_are_listed(capsys):
     assert _cli.main(["--problem-set", "--list"]) == 0
     out = capsys.readouterr().out
-    for key in ("quad-cond10", "quad-cond1e3", "quad-cond1e5", "ls-well", "ls-ill",
-                "logreg-mushrooms", "logreg-a1a", "rosenbrock", "nonconvex-logreg"):
+    for key in (
+        "quad-cond10",
+        "quad-cond1e3",
+        "quad-cond1e5",
+        "ls-well",
+        "ls-ill",
+        "logreg-mushrooms",
+        "logreg-a1a",
+        "rosenbrock",
+        "nonconvex-logreg",
+    ):
         assert f"problem-set-{key}" in out
     assert not any(r in _cli.ROWS for r in _cli.PROBLEM_SET_ROWS)  # not run by default
 

@@ -51,8 +51,13 @@ def test_demo_ranks_every_method_by_the_values_it_reached(capsys):
     for _ in range(T):
         x, x_prev = x - lr * prob.grad(x) + 0.9 * (x - x_prev), x
     assert float(rows["heavy ball (beta=0.9)"][1]) == pytest.approx(float(prob.fun(x)), abs=1e-10)
-    ref = scipy.optimize.minimize(prob.value_and_grad, np.zeros(prob.dim), jac=True,
-                                  method="L-BFGS-B", options={"maxiter": T, "gtol": 0.0})
+    ref = scipy.optimize.minimize(
+        prob.value_and_grad,
+        np.zeros(prob.dim),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": T, "gtol": 0.0},
+    )
     assert float(rows["L-BFGS-B (scipy)"][1]) == pytest.approx(ref.fun, abs=1e-10)
     # the classical heavy ball is ahead of the damped MGD it is often confused with
     assert rows["heavy ball (beta=0.9)"][0] < rows["MGD, damped (beta=0.9)"][0]
@@ -62,8 +67,15 @@ def test_help_says_what_is_compared(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for name in ("GD", "damped momentum (MGD)", "classical heavy ball", "Nesterov",
-                 "L-BFGS-B", "AM-MGD", "textbook tuning"):
+    for name in (
+        "GD",
+        "damped momentum (MGD)",
+        "classical heavy ball",
+        "Nesterov",
+        "L-BFGS-B",
+        "AM-MGD",
+        "textbook tuning",
+    ):
         assert name in out
 
 

@@ -153,8 +153,9 @@ def test_disp_prints_the_final_message_as_scipy(capsys):
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("error", OptimizeWarning)  # disp is a known option
-        res = amopt.minimize(q, np.ones(10), method="gd", options={"lr": 1 / q.L, "maxiter": 2,
-                                                                   "disp": True})
+        res = amopt.minimize(
+            q, np.ones(10), method="gd", options={"lr": 1 / q.L, "maxiter": 2, "disp": True}
+        )
     assert capsys.readouterr().out.startswith("Warning: " + res.message)
 
 
@@ -202,7 +203,10 @@ def test_without_lr_a_plain_callable_gets_an_estimated_1_over_L():
     # a non-quadratic objective: the curvature of cosh at x0 = 4 is the largest on the
     # way to 0, so 1/L estimated there is a safe step
     res = amopt.minimize(
-        lambda x: float(np.sum(np.cosh(x))), np.full(3, 4.0), jac=np.sinh, method="gd",
+        lambda x: float(np.sum(np.cosh(x))),
+        np.full(3, 4.0),
+        jac=np.sinh,
+        method="gd",
         options={"gtol": 1e-8},
     )
     assert res.success and np.max(np.abs(res.x)) < 1e-7
@@ -305,7 +309,10 @@ def test_classical_momentum_matches_its_definition_on_every_array_kind(method, k
 
     got = [x0.copy()]
     res = amopt.minimize(
-        fun, conv(x0), jac=jac, method=method,
+        fun,
+        conv(x0),
+        jac=jac,
+        method=method,
         options={"lr": lr, "beta": beta, "maxiter": T, "gtol": 0.0},
         callback=lambda intermediate_result: got.append(back(intermediate_result.x)),
     )
@@ -330,13 +337,25 @@ def test_heavy_ball_and_nesterov_reach_their_textbook_rates(cond):
     x0 = np.random.default_rng(0).standard_normal(30)
     e0 = np.linalg.norm(x0)
     for T in (50, 200):
-        hb = amopt.minimize(q, x0, method="heavy-ball", options={
-            "lr": 4 / (np.sqrt(L) + np.sqrt(mu)) ** 2, "beta": ((sk - 1) / (sk + 1)) ** 2,
-            "maxiter": T, "gtol": 0.0})
+        hb = amopt.minimize(
+            q,
+            x0,
+            method="heavy-ball",
+            options={
+                "lr": 4 / (np.sqrt(L) + np.sqrt(mu)) ** 2,
+                "beta": ((sk - 1) / (sk + 1)) ** 2,
+                "maxiter": T,
+                "gtol": 0.0,
+            },
+        )
         rho = (sk - 1) / (sk + 1)
         assert np.linalg.norm(hb.x) <= (T + 1) * rho**T * e0 + 1e-300
-        nag = amopt.minimize(q, x0, method="nesterov", options={
-            "lr": 1 / L, "beta": (sk - 1) / (sk + 1), "maxiter": T, "gtol": 0.0})
+        nag = amopt.minimize(
+            q,
+            x0,
+            method="nesterov",
+            options={"lr": 1 / L, "beta": (sk - 1) / (sk + 1), "maxiter": T, "gtol": 0.0},
+        )
         assert np.linalg.norm(nag.x) <= (T + 1) * (1 - 1 / sk) ** T * e0 + 1e-300
     if cond == 100:  # and heavy ball is far ahead of gradient descent's bound
         gd_rate = (cond - 1) / (cond + 1)
@@ -371,7 +390,9 @@ def test_the_papers_exact_rule_is_one_option_away():
     prob = _ls(200, 20)
     opts = {"lr": 1 / prob.L, "maxiter": 5, "gtol": 0.0}
     ref = _reference_am_mgd_exact(prob, 1 / prob.L, 5)
-    res = amopt.minimize(prob, np.zeros(20), method="am-mgd", options={**opts, "numerator": "exact"})
+    res = amopt.minimize(
+        prob, np.zeros(20), method="am-mgd", options={**opts, "numerator": "exact"}
+    )
     np.testing.assert_allclose(res.betas, ref, rtol=1e-9, atol=1e-12)
     lin = amopt.minimize(prob, np.zeros(20), method="am-mgd", options=opts)
     assert not np.allclose(lin.betas[2:], ref[2:])
@@ -431,8 +452,9 @@ def test_torch_x0_that_requires_grad_builds_no_history():
         seen.append(x.requires_grad)
         return 0.5 * x @ (A @ x)
 
-    res = amopt.minimize(fun, x0, jac=lambda x: A @ x, method="gd",
-                         options={"lr": 1 / q.L, "maxiter": 5})
+    res = amopt.minimize(
+        fun, x0, jac=lambda x: A @ x, method="gd", options={"lr": 1 / q.L, "maxiter": 5}
+    )
     assert not any(seen)  # fun sees detached iterates: nothing to record
     assert not res.x.requires_grad and res.x.grad_fn is None
     assert not res.jac.requires_grad
@@ -459,17 +481,28 @@ def test_scipy_method_passes_every_callback_form(form):
             if len(got) == 3:
                 raise StopIteration
 
-    res = scipy.optimize.minimize(q.fun, np.ones(10), jac=q.grad, callback=callback,
-                                  method=amopt.scipy_method("gd"), options={"lr": 1 / q.L})
+    res = scipy.optimize.minimize(
+        q.fun,
+        np.ones(10),
+        jac=q.grad,
+        callback=callback,
+        method=amopt.scipy_method("gd"),
+        options={"lr": 1 / q.L},
+    )
     assert res.status == 99 and res.nit == 3
     if form == "xk":  # as scipy's own methods: the iterate, an array
         assert all(type(x) is np.ndarray and x.shape == (10,) for x in got)
     else:
         assert all(isinstance(r, scipy.optimize.OptimizeResult) for r in got)
         assert [r.nit for r in got] == [1, 2, 3]
-    ref = scipy.optimize.minimize(q.fun, np.ones(10), jac=q.grad, method="BFGS",
-                                  callback=callback if form == "xk" else None,
-                                  options={"maxiter": 1})
+    ref = scipy.optimize.minimize(
+        q.fun,
+        np.ones(10),
+        jac=q.grad,
+        method="BFGS",
+        callback=callback if form == "xk" else None,
+        options={"maxiter": 1},
+    )
     assert type(got[-1] if form == "xk" else got[-1].x) is type(ref.x)
 
 

@@ -126,16 +126,20 @@ def _cases() -> list[Case]:
              True),
         Case("ls-ill", "least squares 200x20, columns over 1e-2..1", lambda: _least_squares(True),
              True),
-        Case("logreg-mushrooms", "logistic regression (l2 1e-3), mushrooms", lambda: _logistic("mushrooms"),
-             True),
+        Case("logreg-mushrooms", "logistic regression (l2 1e-3), mushrooms",
+             lambda: _logistic("mushrooms"), True),
         Case("logreg-a1a", "logistic regression (l2 1e-3), a1a", lambda: _logistic("a1a"), True),
     ]  # fmt: skip
     for name in LIBSVM_SETS:
         path = _libsvm_file(name)
         if path is not None:
             cases.append(
-                Case(f"logreg-{name}", f"logistic regression (l2 1e-3), {name}",
-                     lambda p=path: _logistic(p), True)  # fmt: skip
+                Case(
+                    f"logreg-{name}",
+                    f"logistic regression (l2 1e-3), {name}",
+                    lambda p=path: _logistic(p),
+                    True,
+                )  # fmt: skip
             )
     cases += [
         Case("rosenbrock", "Rosenbrock, d=2, from (-1.2, 1)", _rosenbrock, False),
@@ -171,7 +175,10 @@ def textbook(method: str, L: float, mu: float) -> dict[str, float]:
         return {"lr": 1.0 / L, "beta": 0.9}
     sk = math.sqrt(L / mu)
     if method == "heavy-ball":
-        return {"lr": 4.0 / (math.sqrt(L) + math.sqrt(mu)) ** 2, "beta": ((sk - 1) / (sk + 1)) ** 2}
+        return {
+            "lr": 4.0 / (math.sqrt(L) + math.sqrt(mu)) ** 2,
+            "beta": ((sk - 1) / (sk + 1)) ** 2,
+        }
     return {"lr": 1.0 / L, "beta": (sk - 1) / (sk + 1)}
 
 
@@ -225,7 +232,9 @@ def _run(method: str, options: Callable | None, prob: Any, x0: np.ndarray, L: fl
     g_max = float(np.max(np.abs(g)))
     reached = g_max <= gtol
     g_rel = g_max * RTOL / gtol
-    return Outcome(int(res.nit) if reached else None, int(res.nfev), seconds, float(res.fun), g_rel)
+    return Outcome(
+        int(res.nit) if reached else None, int(res.nfev), seconds, float(res.fun), g_rel
+    )
 
 
 def _L(prob: Any, x0: np.ndarray) -> float:
