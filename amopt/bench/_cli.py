@@ -253,7 +253,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--problem-set",
         action="store_true",
-        help="the problem set alone (with --rows, --extra or --all: beside the others): "
+        help="the problem set alone (with --rows, --extra, --gpu or --all: beside those; "
+        "not part of --all, its logistic rows take minutes): "
         "quadratics, least squares, logistic regression, Rosenbrock, a non-convex case; "
         "iterations and time to max|g| <= 1e-6 max|g(x0)| of GD, damped MGD, heavy ball, "
         "Nesterov, AM-MGD (exact, linear), minimize's default, scipy L-BFGS-B and CG, "
@@ -318,10 +319,10 @@ def _write_json(
 def _select(args: argparse.Namespace) -> list[Row]:
     """The rows the flags ask for, in table order."""
     if args.all:
-        rows = [*ROWS, *EXTRA_ROWS, *GPU_ROWS, *PROBLEM_SET_ROWS]
+        rows = [*ROWS, *EXTRA_ROWS, *GPU_ROWS, *(PROBLEM_SET_ROWS if args.problem_set else ())]
     elif args.problem_set and not args.rows and not args.extra and not args.gpu:
         rows = list(PROBLEM_SET_ROWS)
-    elif args.gpu and not args.rows and not args.extra:
+    elif args.gpu and not args.rows and not args.extra and not args.problem_set:
         rows = list(GPU_ROWS)
     else:
         rows = [*ROWS, *(EXTRA_ROWS if args.extra else ()), *(GPU_ROWS if args.gpu else ())]
