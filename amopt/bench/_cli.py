@@ -320,10 +320,9 @@ def _select(args: argparse.Namespace) -> list[Row]:
     """The rows the flags ask for, in table order."""
     if args.all:
         rows = [*ROWS, *EXTRA_ROWS, *GPU_ROWS, *(PROBLEM_SET_ROWS if args.problem_set else ())]
-    elif args.problem_set and not args.rows and not args.extra and not args.gpu:
-        rows = list(PROBLEM_SET_ROWS)
-    elif args.gpu and not args.rows and not args.extra and not args.problem_set:
-        rows = list(GPU_ROWS)
+    elif (args.gpu or args.problem_set) and not args.rows and not args.extra:
+        # alone, or the two together
+        rows = [*(GPU_ROWS if args.gpu else ()), *(PROBLEM_SET_ROWS if args.problem_set else ())]
     else:
         rows = [*ROWS, *(EXTRA_ROWS if args.extra else ()), *(GPU_ROWS if args.gpu else ())]
         rows += [r for r in PROBLEM_SET_ROWS if args.problem_set]
