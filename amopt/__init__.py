@@ -11,6 +11,8 @@ minimize
     ``scipy.optimize.minimize``-shaped driver for every method.
 scipy_method
     A callable usable as ``method=`` of ``scipy.optimize.minimize``.
+show_options
+    The options of each method and their defaults, as ``scipy.optimize.show_options``.
 FiniteSum
     The protocol for stochastic (mini-batch) objectives.
 am_momentum_step, am_adam_step, ...
@@ -36,7 +38,7 @@ from amopt._core import (
     heavy_ball_step,
 )
 from amopt._finite_sum import FiniteSum
-from amopt._minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method
+from amopt._minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method, show_options
 
 __version__ = "0.1.0.dev0"
 
@@ -62,4 +64,5 @@ __all__ = [
     "heavy_ball_step",
     "minimize",
     "scipy_method",
+    "show_options",
 ]

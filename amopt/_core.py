@@ -57,6 +57,7 @@ __all__ = [
     "gd_step",
     "heavy_ball_init",
     "heavy_ball_step",
+    "classical_momentum_step",
     "am_momentum_init",
     "am_momentum_step",
     "adam_init",
@@ -262,6 +263,60 @@ def heavy_ball_step(
 
 
 # --------------------------------------------------------------------------- AM-MGD / AM-MSGD
+
+
+def classical_momentum_step(
+    params: Any,
+    grads: Any,
+    state: HeavyBallState,
+    *,
+    lr: float,
+    beta: float,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+) -> tuple[Any, HeavyBallState]:
+    r"""Classical (undamped) momentum: Polyak's heavy ball, or Nesterov's momentum.
+
+    .. math::
+
+        d_0 = 0, \quad d_{t+1} = \beta d_t + g_t, \quad
+        x_{t+1} = x_t - \eta\, d_{t+1} \ \text{(heavy ball)}, \quad
+        x_{t+1} = x_t - \eta\, (g_t + \beta d_{t+1}) \ \text{(Nesterov)}
+
+    The heavy ball is :math:`x_{t+1} = x_t - \eta g_t + \beta (x_t - x_{t-1})`;
+    both are ``torch.optim.SGD(momentum=beta, nesterov=...)`` (dampening 0), whose
+    buffer starts at :math:`g_0`, as :math:`d_1` here. Unlike the damped
+    :func:`heavy_ball_step`, the momentum adds up to :math:`1/(1-\beta)` gradients:
+    on an :math:`L`-smooth :math:`\mu`-strongly convex quadratic the textbook tuning
+    :math:`\eta = 4/(\sqrt L + \sqrt\mu)^2`,
+    :math:`\beta = ((\sqrt\kappa - 1)/(\sqrt\kappa + 1))^2` converges at the rate
+    :math:`(\sqrt\kappa - 1)/(\sqrt\kappa + 1)` per step.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt._core import classical_momentum_step, heavy_ball_init
+    >>> x, g = np.array([1.0]), np.array([1.0])
+    >>> x, s = classical_momentum_step(x, g, heavy_ball_init(x), lr=0.5, beta=0.9)
+    >>> x, s.d
+    (array([0.5]), (array([1.]),))
+    >>> x, s = classical_momentum_step(x, g, s, lr=0.5, beta=0.9)
+    >>> x
+    array([-0.45])
+    """
+    xs, single = as_tuple(params)
+    gs, _ = as_tuple(grads)
+    xp = array_namespace(*xs, *gs)
+    gs = _couple(xp, gs, xs, weight_decay)
+    if state.step == 0:
+        ds = tuple(_copy(xp, g) for g in gs)
+    else:
+        ds = tuple(beta * d + g for d, g in zip(state.d, gs, strict=True))
+    if nesterov:
+        new_x = tuple(x - lr * (g + beta * d) for x, g, d in zip(xs, gs, ds, strict=True))
+    else:
+        new_x = tuple(x - lr * d for x, d in zip(xs, ds, strict=True))
+    return restore(new_x, single), HeavyBallState(step=state.step + 1, d=ds)
 
 
 class AMState(NamedTuple):

@@ -30,12 +30,18 @@ __all__ = ["STATUS_MESSAGES"]
 #: Termination reasons: key -> (status, message). The single source of messages.
 STATUS_MESSAGES: dict[str, tuple[int, str]] = {
     "gtol": (0, "Optimization terminated successfully: the gradient norm is at most `gtol`."),
-    "steps": (0, "Optimization terminated successfully: ran the `maxiter` mini-batch steps."),
+    # scipy's status 1 for every method, full batch and mini-batch alike
     "maxiter": (1, "Maximum number of iterations has been exceeded."),
     "nonfinite": (
         2,
         "NaN or infinite value encountered in the objective, the gradient or the iterate; "
         "returning the last finite iterate.",
+    ),
+    # a run that ends above where it started has failed, however slowly it diverged
+    "increased": (
+        2,
+        "The objective increased: f at the last iterate is above f(x0). The run diverged "
+        "(`lr` too large) or, with momentum, stopped in a transient (`maxiter` too small).",
     ),
     "nonfinite_x0": (2, "NaN or infinite value in `x0`; no step was taken."),
     "callback": (99, "`callback` raised `StopIteration`."),
@@ -119,6 +125,11 @@ class _Layout:
                     ) from None
             arrays = (x0,)
         self.xp = array_namespace(*arrays)
+        # a torch x0 that requires grad: the run works on detached copies (no autograd
+        # history is built through the steps, and the result does not require grad)
+        arrays = tuple(
+            a.detach() if getattr(a, "requires_grad", False) is True else a for a in arrays
+        )
         arrays = tuple(self._as_float(a, i) for i, a in enumerate(arrays))
         self.user_shapes = [tuple(a.shape) for a in arrays]
         self.zero_d = any(s == () for s in self.user_shapes)
@@ -321,6 +332,14 @@ def _deferred_scalar(f: Any, what: str, xp: Any, like: Any = None) -> Any:
     return _scalar(f, what)
 
 
+def _method_of(obj: Any, name: str) -> Callable | None:
+    """``obj.<name>`` when ``obj`` is an object (not a plain function) with that method."""
+    if inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isbuiltin(obj):
+        return None
+    method = getattr(type(obj), name, None)
+    return getattr(obj, name) if callable(method) else None
+
+
 class _Objective:
     """Wraps ``fun``/``jac``/``args`` (or a FiniteSum) and counts evaluations.
 
@@ -356,7 +375,18 @@ class _Objective:
             raise TypeError(f"fun must be callable or a FiniteSum; got {type(fun).__name__}")
         self.fun = fun
         self.fd = False
-        if self.finite_sum or jac is True:
+        #: ``fun.value_and_grad`` when ``fun`` is an objective object that gives it
+        self.pair = None
+        if jac is None and not self.finite_sum:
+            # an objective object (every amopt.problems class, or any object with a
+            # ``value_and_grad`` or ``grad`` method) gives its own gradient: finite
+            # differences would cost n + 1 calls of fun per step for a worse gradient
+            pair, grad = _method_of(fun, "value_and_grad"), _method_of(fun, "grad")
+            if pair is not None:
+                self.pair = pair
+            elif grad is not None:
+                jac = grad
+        if self.finite_sum or jac is True or self.pair is not None:
             self.jac = None
         elif callable(jac):
             self.jac = jac
@@ -386,9 +416,21 @@ class _Objective:
             return _deferred_scalar(f, what, self.layout.xp, self.layout.arrays[0])
         return _scalar(f, what)
 
+    def point(self, arrays: tuple) -> Any:
+        """A copy of the iterate for ``fun`` or ``jac``, as scipy hands them: what they do
+        to it cannot change the run.
+
+        Device arrays (``defer``) are handed as they are: a copy per evaluation would be
+        a pass over device memory each (the device loop's traffic is budgeted); there
+        ``fun`` and ``jac`` must not modify their argument, as a torch ``closure``.
+        """
+        if self.defer:
+            return self.layout.pack(arrays)
+        return self.layout.pack(self.layout.copy(arrays))
+
     def __call__(self, arrays: tuple) -> tuple[float, tuple]:
         """Full objective value and gradient at ``arrays``."""
-        x = self.layout.pack(arrays)
+        x = self.point(arrays)
         if self.finite_sum:
             self.nfev += 1
             self.njev += 1
@@ -400,12 +442,19 @@ class _Objective:
             self.njev += 1
             f, g = self._pair(self.fun(x, *self.args), "with jac=True, fun")
             return self.scalar(f, "fun"), self.layout.unpack(g, "fun (jac=True)")
+        if self.pair is not None:
+            self.nfev += 1
+            self.njev += 1
+            f, g = self._pair(self.pair(x, *self.args), "fun.value_and_grad")
+            return self.scalar(f, "fun.value_and_grad"), self.layout.unpack(
+                g, "fun.value_and_grad"
+            )
         if self.fd:
             return self._finite_difference(arrays)
         self.nfev += 1
         self.njev += 1
         f = self.scalar(self.fun(x, *self.args), "fun")
-        return f, self.layout.unpack(self.jac(x, *self.args), "jac")
+        return f, self.layout.unpack(self.jac(self.point(arrays), *self.args), "jac")
 
     @staticmethod
     def _pair(out: Any, what: str) -> tuple[Any, Any]:
@@ -416,7 +465,7 @@ class _Objective:
         return f, g
 
     def batch(self, arrays: tuple, indices: np.ndarray) -> tuple[float, tuple]:
-        x = self.layout.pack(arrays)
+        x = self.point(arrays)
         self.nfev += 1
         self.njev += 1
         what = "fun.batch_value_and_grad"
@@ -430,12 +479,13 @@ class _Objective:
         :math:`\\epsilon` that of the dtype of x (a float64 step is below float32
         resolution); the quotient divides by the step actually taken in that dtype.
         """
-        layout = self.layout
 
         def value(xs: tuple) -> float:
             self.nfev += 1
-            return _scalar(self.fun(layout.pack(xs), *self.args), "fun")
+            return _scalar(self.fun(self.point(xs), *self.args), "fun")
 
+        # one gradient evaluation (scipy's njev), of n + 1 values of fun (its nfev)
+        self.njev += 1
         f0 = value(arrays)
         grads = []
         for i, a in enumerate(arrays):
@@ -553,6 +603,7 @@ def _run(
     decay_in_f=False,
     split=None,
     growth=None,
+    counted=None,
 ) -> OptimizeResult:
     """The loop shared by every method.
 
@@ -574,6 +625,8 @@ def _run(
     replace = check_bool("replace", replace)
     layout = _Layout(x0)
     obj = _Objective(fun, jac, args, layout)
+    if counted is not None:  # the evaluations that chose the step size (amopt._step_size)
+        obj.nfev, obj.njev = counted
     cb = _wrap_callback(callback)
     sampler = None
     if default_batch and batch_size is None and obj.finite_sum:
@@ -653,8 +706,12 @@ def _run(
     nit = 0
     reason = None if layout.all_finite(xs) else "nonfinite_x0"
 
+    f0 = None
     if sampler is None:
         f, gs = obj(xs)
+        # f(x0), for the test of a run that ended above it (of f itself: under coupled
+        # decay the method minimises F, which f need not follow)
+        f0 = f if wd == 0 else None
         f_c, g_c = coupled(xs, f, gs)
         gnorm = gnorm_of(g_c)
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
@@ -667,7 +724,7 @@ def _run(
             reason = "gtol"
             break
         if nit >= maxiter:
-            reason = "steps" if stochastic else "maxiter"
+            reason = "maxiter"
             break
         if sampler is not None:
             f_b, g_b = obj.batch(xs, sampler())
@@ -714,11 +771,17 @@ def _run(
     if sampler is not None:
         # The result reports the full objective at the returned iterate.
         f, gs = obj(xs) if obj.finite_sum else (f, gs)
-    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None, f0)
 
 
-def _result(layout, obj, xs, f, gs, nit, reason, betas) -> OptimizeResult:
-    """The ``OptimizeResult`` of a run; ``betas`` None for a method without AM betas."""
+def _result(layout, obj, xs, f, gs, nit, reason, betas, f0=None) -> OptimizeResult:
+    """The ``OptimizeResult`` of a run; ``betas`` None for a method without AM betas.
+
+    ``f0``: f(x0) of a full-batch run; a run that used its ``maxiter`` steps and ends
+    above it has diverged, however slowly (status 2, not 1).
+    """
+    if reason == "maxiter" and f0 is not None and f > f0:
+        reason = "increased"
     status, message = STATUS_MESSAGES[reason]
     res = OptimizeResult(
         x=layout.pack(xs),
@@ -778,15 +841,16 @@ class _Bound:
     For the methods whose step is :math:`x_{t+1} = x_t - \eta d_{t+1}` with
     :math:`|d_{t+1}|` bounded by the gradients read so far (``kind``: ``"gd"``,
     :math:`d = g`; ``"heavy_ball"``, a convex combination of :math:`d_t` and
-    :math:`g_t`; ``"am"``, :math:`g + \gamma (d - g)` with :math:`0 \le \gamma \le 1`):
+    :math:`g_t`; ``"am"``, :math:`g + \gamma (d - g)` with :math:`0 \le \gamma \le 1`;
+    ``"classical"`` and ``"nesterov"``, :math:`\beta d + g`, with ``beta``):
     :math:`\max|x_{t+1}| \le \max|x_t| + \eta D_{t+1}`, each bound widened by the
     rounding of the step's operations. While the bound stays far below the largest
     value of the dtype, no operation of the step can overflow and the new iterate is
     finite (its inputs are); past it, the loop reads the iterate's finiteness again.
     """
 
-    def __init__(self, kind: str, lr: float, xp: Any, arrays: tuple):
-        self.kind, self.lr = kind, lr
+    def __init__(self, kind: str, lr: float, xp: Any, arrays: tuple, beta: float = 0.0):
+        self.kind, self.lr, self.beta = kind, lr, beta
         infos = [xp.finfo(a.dtype) for a in arrays]
         self.limit = min(float(i.max) for i in infos) / 16
         self.slack = 1.0 + 8 * max(float(i.eps) for i in infos)
@@ -797,6 +861,14 @@ class _Bound:
     def step(self, g_max: float) -> bool:
         """Account for one step whose gradient has ``max|g| = g_max``; True when the
         new iterate is proven finite."""
+        if self.kind in ("classical", "nesterov"):
+            # undamped: |d_{t+1}| <= beta |d_t| + |g_t|; Nesterov steps along g + beta d
+            d = (self.beta * self.d + g_max) * self.slack
+            move = d if self.kind == "classical" else (g_max + self.beta * d) * self.slack
+            self.steps += 1
+            self.d = d
+            self.x = (self.x + self.lr * move) * self.slack
+            return self.x <= self.limit  # False for NaN
         if self.kind == "gd" or self.steps == 0:  # the first step sets d = g
             d = g_max
         elif self.kind == "heavy_ball":
@@ -1078,6 +1150,7 @@ def _run_pipelined(
     if bound is not None:
         bound.x = got["x"]
     f, gnorm, g_max = got["f"], _gnorm(gtol, got["g"]), got["g_hi"]
+    f0 = None if batches or wd != 0 else f
     reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
     if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
         reason = "nonfinite"
@@ -1089,7 +1162,7 @@ def _run_pipelined(
             reason = "gtol"
             break
         if nit >= maxiter:
-            reason = "steps" if stochastic else "maxiter"
+            reason = "maxiter"
             break
         if nxt is None:
             nxt = launch(cur, nit + 1 >= maxiter)
@@ -1128,7 +1201,7 @@ def _run_pipelined(
     else:
         gs = cur.gs
     gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
-    return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None)
+    return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None, f0)
 
 
 def _gnorm(gtol: float, g_max: float) -> float:
@@ -1175,7 +1248,7 @@ def _run_device(
     xp = layout.xp
     # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
     # when the bound no longer proves it; the bound needs max|g|
-    bound = None if growth is None else _Bound(*growth, xp, layout.arrays)
+    bound = None if growth is None else _Bound(*growth[:2], xp, layout.arrays, *growth[2:])
     g_sq = None if split is None else split.g_sq
     exact_g = gtol > 0 or bound is not None
     reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, g_sq)
@@ -1218,6 +1291,7 @@ def _run_device(
             bound.x = got["x"]
         f, gnorm, sums, g_max = got["f"], _gnorm(gtol, got["g"]), got["sums"], got["g_hi"]
         f_c = method_f(f, got["sq"])
+        f0 = f if wd == 0 else None
         reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
         if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
             reason = "nonfinite"
@@ -1250,7 +1324,7 @@ def _run_device(
             if cb is not None and _call_back(cb, layout, xs, f, gs, nit, beta, is_am):
                 reason = "callback"
         gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
-        return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+        return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None, f0)
 
     f, gs = math.nan, None
     x0_max = reads.point(xs, None, (), [], x_only=True, x_max=bound is not None)["x"]
@@ -1261,7 +1335,7 @@ def _run_device(
     unchecked = None  # the iterate before the latest step, while the step's x is unread
     while reason is None:
         if nit >= maxiter:
-            reason = "steps" if stochastic else "maxiter"
+            reason = "maxiter"
             break
         f_b, g_b = obj.batch(xs, sampler())
         g_step = reads.coupled(xs, g_b)
@@ -1330,13 +1404,22 @@ def _check_unknown_options(unknown: dict) -> None:
         warnings.warn(f"Unknown solver options: {msg}", OptimizeWarning, stacklevel=4)
 
 
-def _sampling(fun, batch_size, seed, replace, gtol, *, always: bool) -> dict:
+def _sampling(fun, batch_size, seed, replace, gtol, *, always: bool, method: str = "") -> dict:
     """Mini-batch settings for ``_run``.
 
     The sgd-type methods (``always``) sample any FiniteSum, ``min(32, n_samples)``
-    per batch unless told otherwise; the Adam family samples only when given
-    ``batch_size``. Mini-batch runs default to ``gtol=0``, full-batch runs to ``1e-5``.
+    per batch unless told otherwise, and refuse any other ``fun`` (their steps
+    would be full-batch steps, reported as a success); the Adam family samples only
+    when given ``batch_size``. Mini-batch runs default to ``gtol=0``, full-batch
+    runs to ``1e-5``.
     """
+    if always and not isinstance(fun, FiniteSum):
+        raise ValueError(
+            f"method {method!r} takes mini-batches of a FiniteSum fun (an object with "
+            "n_samples, value_and_grad and batch_value_and_grad, such as the "
+            f"amopt.problems finite sums); got fun={_describe(fun)}. For full-batch "
+            "steps use method 'gd', 'mgd', 'heavy-ball', 'nesterov' or 'am-mgd'."
+        )
     stochastic = always or batch_size is not None
     if gtol is None:
         gtol = 0.0 if stochastic else 1e-5

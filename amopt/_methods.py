@@ -49,14 +49,22 @@ class _Loop(NamedTuple):
 
 
 _SAMPLER = {"batch_size": None, "seed": None, "replace": False}
-_FULL_BATCH = _Loop({"maxiter": 1000, "gtol": 1e-5}, None)
+#: scipy's ``disp``: print the final message and the counters
+_DISP = {"disp": False}
+_FULL_BATCH = _Loop({"maxiter": 1000, "gtol": 1e-5, **_DISP}, None)
 #: the sgd-type methods: their gradient test is off by default
-_MINI_BATCH = _Loop({"maxiter": 1000, **_SAMPLER, "gtol": 0.0}, True)
+_MINI_BATCH = _Loop({"maxiter": 1000, **_SAMPLER, "gtol": 0.0, **_DISP}, True)
 #: the Adam family; ``gtol=None``: 1e-5 full batch, 0 with ``batch_size``
-_OPTIONAL_BATCH = _Loop({"maxiter": 1000, "gtol": None, **_SAMPLER}, False)
+_OPTIONAL_BATCH = _Loop({"maxiter": 1000, "gtol": None, **_SAMPLER, **_DISP}, False)
 _ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}
 #: the options of the AM rule, with the defaults of AMConfig (AM-MGD's)
 _AM_RULE = {f.name: f.default for f in dataclasses.fields(AMConfig)}
+#: AM-MGD's: the linearised numerator by default. The exact numerator (the paper's
+#: Algorithm 1) keeps beta near 1 close to the optimum, where the decrease of f is
+#: second order, and the gap then falls like 1/t: least squares 200x20 at lr = 1/L
+#: takes more than 10,000 iterations to gtol 1e-8 against GD's 51 and the linear
+#: numerator's 31 (docs/choosing-a-method.md has the measured problem set)
+_AM_MGD = _AM_RULE | {"numerator": "linear"}
 #: AM-MSGD's and AM-Adam's: the paper's stochastic setting
 _AM_STOCHASTIC = {**_AM_RULE, "lam": 0.1, "beta_max": 0.9, "numerator": "linear"}
 #: AM-Adam's: the cap of beta is ``betas[0]``, and one beta per array by default
@@ -72,11 +80,31 @@ _DOCS = {
         Maximum number of steps.
     gtol : float
         Stop when :math:`\max|\nabla F| = \max|g + \mu x| \le` ``gtol``; 0 disables the test.""",
+    "lr": r"""lr : float or None
+        Step size :math:`\eta > 0`. None (default): :math:`1/L` (with coupled
+        ``weight_decay`` :math:`\mu`, :math:`1/(L+\mu)`), :math:`L` from
+        ``fun.L`` when ``fun`` has it (every :mod:`amopt.problems` class but
+        ``Rosenbrock``), else estimated at ``x0`` by a power iteration on
+        gradient differences, safeguarded by halving until the first gradient
+        step meets Armijo's condition (at most 20 + a few evaluations, counted in
+        ``nfev``); the step used is ``res.lr``.""",
+    "disp": r"""disp : bool
+        Print the final message and the counters, as scipy's methods do.""",
     "decoupled": r"""The decoupled decay is not the gradient of an objective: ``res.fun``
         and ``res.jac`` are :math:`f` and :math:`\nabla f`, and ``gtol`` tests
         :math:`\max|\nabla f|` (at a fixed point of the decoupled iteration
         :math:`\nabla f` is of order :math:`\epsilon\mu|x|`).""",
 }
+
+
+def _display(res: OptimizeResult) -> None:
+    """What scipy's gradient methods print with ``disp=True``."""
+    print(res.message if res.success else "Warning: " + res.message)
+    print(f"         Current function value: {float(res.fun):f}")
+    print(f"         Iterations: {res.nit:d}")
+    print(f"         Function evaluations: {res.nfev:d}")
+    print(f"         Gradient evaluations: {res.njev:d}")
+
 
 # ----------------------------------------------------------------------------- steps
 
@@ -128,6 +156,21 @@ def _heavy_ball(options: dict) -> tuple[Callable, dict]:
         return xs, state, None
 
     return step, {"weight_decay": _weight_decay(options), "growth": ("heavy_ball", lr)}
+
+
+def _classical(options: dict, *, nesterov: bool) -> tuple[Callable, dict]:
+    lr = check_positive("lr", options["lr"])
+    beta = check_interval("beta", options["beta"], 0.0, 1.0)
+
+    def step(xs, gs, f, state):
+        state = _core.heavy_ball_init(xs) if state is None else state
+        xs, state = _core.classical_momentum_step(
+            xs, gs, state, lr=lr, beta=beta, nesterov=nesterov
+        )
+        return xs, state, None
+
+    kind = "nesterov" if nesterov else "classical"
+    return step, {"weight_decay": _weight_decay(options), "growth": (kind, lr, beta)}
 
 
 def _am_momentum(options: dict) -> tuple[Callable, dict]:
@@ -222,17 +265,34 @@ def _method(
     options |= loop.options
 
     def make(stand_in: Callable) -> Callable[..., OptimizeResult]:
+        name = stand_in.__name__.removeprefix("_minimize_").replace("_", "-")
+
         def minimize_method(fun, x0, args=(), jac=None, callback=None, **given) -> OptimizeResult:
             _check_unknown_options({k: v for k, v in given.items() if k not in options})
             opts = {k: given.get(k, default) for k, default in options.items()}
+            counted, chosen = None, False
+            if "lr" in opts and opts["lr"] is None and options["lr"] is None:
+                # 1/L, from fun.L or estimated at x0 (amopt._step_size)
+                from amopt._step_size import default_lr
+
+                wd = _weight_decay(opts)
+                lr, nfev, njev, how = default_lr(fun, x0, args, jac, weight_decay=wd)
+                opts["lr"], counted = lr, (nfev, njev)
+                chosen = how != "none"
             step, run = factory(opts)
+            run["counted"] = counted
             if loop.always_sample is None:
                 run["gtol"] = opts["gtol"]
             else:
                 sampler = [opts[k] for k in ("batch_size", "seed", "replace", "gtol")]
-                run.update(_sampling(fun, *sampler, always=loop.always_sample))
+                run.update(_sampling(fun, *sampler, always=loop.always_sample, method=name))
             run.setdefault("is_am", False)
-            return _run(fun, x0, args, jac, callback, step=step, maxiter=opts["maxiter"], **run)
+            res = _run(fun, x0, args, jac, callback, step=step, maxiter=opts["maxiter"], **run)
+            if chosen:
+                res["lr"] = opts["lr"]  # the step size chosen, as the user did not
+            if opts["disp"]:
+                _display(res)
+            return res
 
         # the signature of scipy's methods: the options are keyword arguments
         sig = inspect.signature(minimize_method)
@@ -243,37 +303,45 @@ def _method(
         )
         minimize_method.__name__ = minimize_method.__qualname__ = stand_in.__name__
         if stand_in.__doc__ is not None:  # None under python -OO
-            minimize_method.__doc__ = stand_in.__doc__ % _DOCS
+            doc = stand_in.__doc__ % _DOCS
+            # disp, an option of every method, closes its Options section
+            head, sep, notes = doc.partition("\n    Notes\n")
+            tail = sep + notes if sep else "    "
+            doc = head.rstrip() + "\n    " + _DOCS["disp"] + "\n" + tail
+            minimize_method.__doc__ = doc
         return minimize_method
 
     return make
 
 
-@_method(_gd, _FULL_BATCH, lr=1e-3, weight_decay=0.0)
+@_method(_gd, _FULL_BATCH, lr=None, weight_decay=0.0)
 def _minimize_gd():
     r"""Gradient descent, :math:`x_{t+1} = x_t - \eta \nabla f(x_t)`.
 
     Options
     -------
-    lr : float
-        Step size :math:`\eta > 0` (``1/L`` for an L-smooth f).
+    %(lr)s
     %(weight_decay)s
     %(full_batch)s
     """
 
 
-@_method(_heavy_ball, _FULL_BATCH, lr=1e-3, beta=0.9, weight_decay=0.0)
+@_method(_heavy_ball, _FULL_BATCH, lr=None, beta=0.9, weight_decay=0.0)
 def _minimize_mgd():
-    r"""Damped heavy ball (MGD) with fixed momentum ``beta``.
+    r"""Damped momentum (MGD): an average of the gradients, no faster than GD at ``lr = 1/L``.
 
     .. math::
 
         d_0 = g_0,\quad d_{t+1} = \beta d_t + (1-\beta) g_t,\quad x_{t+1} = x_t - \eta d_{t+1}
 
+    This is ``torch.optim.SGD(momentum=beta, dampening=beta)``, the momentum the
+    AM methods adapt. The step along a constant gradient is :math:`\eta g`: it does
+    not accelerate. The classical heavy ball, ``SGD(momentum=beta)``, is
+    ``"heavy-ball"``; Nesterov's is ``"nesterov"``.
+
     Options
     -------
-    lr : float
-        Step size :math:`\eta > 0`.
+    %(lr)s
     beta : float
         Momentum coefficient in [0, 1].
     %(weight_decay)s
@@ -281,7 +349,56 @@ def _minimize_mgd():
     """
 
 
-@_method(_am_momentum, _FULL_BATCH, lr=1e-3, weight_decay=0.0, **_AM_RULE)
+@_method(partial(_classical, nesterov=False), _FULL_BATCH, lr=None, beta=0.9, weight_decay=0.0)
+def _minimize_heavy_ball():
+    r"""Polyak's heavy ball: classical, undamped momentum (``torch.optim.SGD(momentum=beta)``).
+
+    .. math::
+
+        d_0 = 0,\quad d_{t+1} = \beta d_t + g_t,\quad x_{t+1} = x_t - \eta d_{t+1},
+        \quad\text{i.e.}\quad x_{t+1} = x_t - \eta g_t + \beta (x_t - x_{t-1})
+
+    Unlike ``"mgd"`` (damped, :math:`d = \beta d + (1-\beta) g`, which at
+    ``lr = 1/L`` is no faster than gradient descent), the momentum adds up
+    :math:`1/(1-\beta)` gradients. Textbook tuning on an :math:`L`-smooth,
+    :math:`\mu`-strongly convex quadratic: :math:`\eta = 4/(\sqrt L + \sqrt\mu)^2`,
+    :math:`\beta = ((\sqrt\kappa-1)/(\sqrt\kappa+1))^2`, rate
+    :math:`(\sqrt\kappa-1)/(\sqrt\kappa+1)` per step (:math:`\kappa = L/\mu`).
+
+    Options
+    -------
+    %(lr)s
+    beta : float
+        Momentum coefficient in [0, 1] (default 0.9, torch's usual value).
+    %(weight_decay)s
+    %(full_batch)s
+    """
+
+
+@_method(partial(_classical, nesterov=True), _FULL_BATCH, lr=None, beta=0.9, weight_decay=0.0)
+def _minimize_nesterov():
+    r"""Nesterov momentum, as ``torch.optim.SGD(momentum=beta, nesterov=True)`` (undamped).
+
+    .. math::
+
+        d_0 = 0,\quad d_{t+1} = \beta d_t + g_t,\quad
+        x_{t+1} = x_t - \eta\,(g_t + \beta d_{t+1})
+
+    Textbook tuning on an :math:`L`-smooth, :math:`\mu`-strongly convex objective:
+    :math:`\eta = 1/L`, :math:`\beta = (\sqrt\kappa-1)/(\sqrt\kappa+1)`
+    (:math:`\kappa = L/\mu`).
+
+    Options
+    -------
+    %(lr)s
+    beta : float
+        Momentum coefficient in [0, 1] (default 0.9).
+    %(weight_decay)s
+    %(full_batch)s
+    """
+
+
+@_method(_am_momentum, _FULL_BATCH, lr=None, weight_decay=0.0, **_AM_MGD)
 def _minimize_am_mgd():
     r"""Adaptive Memory momentum gradient descent (AM-MGD).
 
@@ -298,17 +415,21 @@ def _minimize_am_mgd():
 
     Options
     -------
-    lr : float
-        Step size :math:`\eta > 0` (the paper uses ``1/L``).
+    %(lr)s
     %(weight_decay)s
     lam : float
         Proximal regularisation :math:`\lambda \ge 0`.
     beta_max : float
         Upper bound of :math:`\beta_t`, in [0, 1].
-    numerator : {"exact", "linear"}
-        ``"exact"`` uses the decrease of the objective (needs f values; with
-        ``weight_decay``, of :math:`F` above); ``"linear"`` the linearised
-        numerator :math:`(1+\lambda)\|g\|^2 - \lambda\|d-g\|^2`.
+    numerator : {"linear", "exact"}
+        ``"linear"`` (default): the linearised numerator
+        :math:`(1+\lambda)\|g\|^2 - \lambda\|d-g\|^2`. ``"exact"``: the
+        paper's Algorithm 1, the decrease of the objective in the formula above
+        (needs f values; with ``weight_decay``, of :math:`F`). The exact rule
+        crawls near the optimum of well-conditioned problems (its beta tends to 1
+        and the gap falls like :math:`1/t`); on the measured problem set
+        (docs/choosing-a-method.md) the linear one reaches every gradient test
+        GD reaches, in fewer iterations.
     per_layer : bool
         With a list of arrays as ``x0``: one beta per array instead of one global beta.
     variant : {None, "clip", "restart"}
@@ -320,14 +441,13 @@ def _minimize_am_mgd():
     """
 
 
-@_method(_gd, _MINI_BATCH, lr=1e-3, weight_decay=0.0)
+@_method(_gd, _MINI_BATCH, lr=None, weight_decay=0.0)
 def _minimize_sgd():
-    r"""Stochastic gradient descent on a :class:`~amopt.FiniteSum` (or a stochastic oracle).
+    r"""Stochastic gradient descent on a :class:`~amopt.FiniteSum`.
 
     Options
     -------
-    lr : float
-        Step size.
+    %(lr)s
     weight_decay : float
         Coupled L2 weight decay :math:`\mu \ge 0`: the method minimises
         :math:`F = f + \frac{\mu}{2}\|x\|^2`, stepping along :math:`g + \mu x`.
@@ -351,14 +471,14 @@ def _minimize_sgd():
 
     Notes
     -----
-    With a plain callable ``fun``, it is treated as a (possibly stochastic)
-    oracle: each step evaluates it once at the current iterate.
+    ``fun`` must be a :class:`~amopt.FiniteSum`: a plain callable is refused
+    with a ``ValueError`` (use ``"gd"`` for full-batch steps).
     """
 
 
-@_method(_heavy_ball, _MINI_BATCH, lr=1e-3, beta=0.9, weight_decay=0.0)
+@_method(_heavy_ball, _MINI_BATCH, lr=None, beta=0.9, weight_decay=0.0)
 def _minimize_msgd():
-    r"""Stochastic damped heavy ball (MSGD) with fixed ``beta``.
+    r"""Stochastic damped momentum (MSGD): ``"mgd"`` on mini-batches.
 
     Options
     -------
@@ -369,7 +489,7 @@ def _minimize_msgd():
     """
 
 
-@_method(_am_momentum, _MINI_BATCH, lr=1e-3, weight_decay=0.0, **_AM_STOCHASTIC)
+@_method(_am_momentum, _MINI_BATCH, lr=None, weight_decay=0.0, **_AM_STOCHASTIC)
 def _minimize_am_sgd():
     r"""Adaptive Memory momentum SGD (AM-MSGD), the paper's stochastic rule.
 
@@ -527,6 +647,8 @@ def _minimize_am_adamw():
 METHODS: dict[str, Callable[..., OptimizeResult]] = {
     "gd": _minimize_gd,
     "mgd": _minimize_mgd,
+    "heavy-ball": _minimize_heavy_ball,
+    "nesterov": _minimize_nesterov,
     "am-mgd": _minimize_am_mgd,
     "adam": _minimize_adam,
     "adamw": _minimize_adamw,

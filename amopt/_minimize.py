@@ -7,6 +7,8 @@ whose keyword arguments are the method's options) and share the loop of
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,10 +17,10 @@ from scipy.optimize import OptimizeResult
 
 from amopt._config import check_nonnegative
 from amopt._finite_sum import FiniteSum
-from amopt._loop import STATUS_MESSAGES
+from amopt._loop import STATUS_MESSAGES, _wrap_callback
 from amopt._methods import METHODS
 
-__all__ = ["minimize", "scipy_method", "METHODS", "STATUS_MESSAGES"]
+__all__ = ["minimize", "scipy_method", "show_options", "METHODS", "STATUS_MESSAGES"]
 
 
 def _method(method: Any) -> Callable[..., OptimizeResult]:
@@ -55,18 +57,25 @@ def minimize(
         rejected. ``x0`` is copied, never modified. Computation stays on the
         caller's library and device.
     args : tuple
-        Extra arguments to ``fun`` and ``jac``.
+        Extra arguments to ``fun`` and ``jac``. As scipy does, ``fun`` and ``jac``
+        get copies of the iterate (what they do to it cannot change the run),
+        except on device arrays (CuPy, torch on a GPU), where a copy per call
+        would be a pass over device memory: there they must not modify it.
     method : str
-        Full batch: ``"gd"``, ``"mgd"``, ``"am-mgd"`` (default), ``"adam"``,
-        ``"adamw"``, ``"am-adam"``, ``"am-adamw"``. Mini-batch, on a FiniteSum:
-        ``"sgd"``, ``"msgd"``, ``"am-sgd"``, and the Adam family with
-        ``batch_size``.
+        Full batch: ``"gd"``, ``"mgd"`` (damped momentum, an average of the
+        gradients: no faster than GD at ``lr = 1/L``), ``"heavy-ball"``
+        (Polyak's classical momentum, ``torch.optim.SGD(momentum=beta)``),
+        ``"nesterov"``, ``"am-mgd"`` (default), ``"adam"``, ``"adamw"``,
+        ``"am-adam"``, ``"am-adamw"``. Mini-batch, on a FiniteSum: ``"sgd"``,
+        ``"msgd"``, ``"am-sgd"``, and the Adam family with ``batch_size``.
     jac : callable, True or None
         Gradient ``jac(x, *args)``, an array of the shape and array type of
         ``x`` (a real dtype other than that of ``x`` is converted to it);
-        ``True`` if ``fun`` returns ``(f, g)``; ``None``: forward finite
-        differences with the step ``sqrt(eps) * max(1, |x|)`` of the dtype of
-        ``x`` (NumPy only, with a warning).
+        ``True`` if ``fun`` returns ``(f, g)``; ``None``: the gradient of an
+        objective object (``fun.value_and_grad(x)``, else ``fun.grad(x)``: every
+        :mod:`amopt.problems` class), otherwise forward finite differences with
+        the step ``sqrt(eps) * max(1, |x|)`` of the dtype of ``x`` (NumPy only,
+        with a warning).
     callback : callable, optional
         ``callback(intermediate_result)`` after each step, where the
         :class:`~scipy.optimize.OptimizeResult` has ``x``, ``fun``, ``nit``,
@@ -78,17 +87,22 @@ def minimize(
         Shortcut for ``options["gtol"]`` (a ``gtol`` in ``options`` wins), as
         ``scipy.optimize.minimize`` maps ``tol`` to its gradient methods' ``gtol``.
     options : dict, optional
-        Method options: see ``show_options`` in each ``_minimize_<method>``
-        docstring (``lr``, ``lam``, ``beta_max``, ``beta``, ``betas``, ``eps``,
-        ``weight_decay``, ``weight_decay_mode``, ``numerator``, ``variant``,
-        ``beta_min``, ``theta``, ``beta_high``, ``beta_low``, ``per_layer``,
-        ``maxiter``, ``gtol``, ``batch_size``, ``seed``, ``replace``). Unknown
+        Method options, each method's listed below with its default;
+        :func:`amopt.show_options` prints what each one means (the docstring of
+        ``amopt.METHODS[method]``, as ``scipy.optimize.show_options``). Unknown
         options, and ``seed``/``replace`` when nothing is sampled, give an
         ``OptimizeWarning``. With coupled ``weight_decay`` :math:`\mu` (every
         method but ``"adamw"`` and ``"am-adamw"``) the method minimises
         :math:`f + \frac{\mu}{2}\|x\|^2`: ``gtol`` tests its gradient
         :math:`g + \mu x`, while ``res.fun`` and ``res.jac`` stay the values
         of ``fun`` and ``jac`` (see each method's options).
+
+    Notes
+    -----
+    The methods and their options, with their defaults (``lr=None``: see each
+    method; :func:`amopt.show_options` describes every option):
+
+    {METHOD_OPTIONS}
 
     Returns
     -------
@@ -118,6 +132,60 @@ def minimize(
     options = dict(options or {})
     _tol_to_gtol(tol, options)
     return meth(fun, x0, args, jac, callback, **options)
+
+
+def _method_options_doc() -> str:
+    """Each method's first docstring line and its options with their defaults."""
+    lines = []
+    for name, meth in METHODS.items():
+        summary = (meth.__doc__ or "").strip().split("\n", 1)[0].rstrip(".")
+        params = list(inspect.signature(meth).parameters.values())[5:-1]
+        opts = ", ".join(f"{p.name}={p.default!r}" for p in params)
+        lines.append(f"``{name!r}``\n        {summary}.\n        Options: {opts}.")
+    return "\n    ".join(lines)
+
+
+if minimize.__doc__ is not None:  # None under python -OO
+    minimize.__doc__ = minimize.__doc__.replace("{METHOD_OPTIONS}", _method_options_doc())
+
+
+def show_options(method: str | None = None, disp: bool = True) -> str | None:
+    """The documentation of the options of one method of :func:`minimize`, or of all.
+
+    Shaped as ``scipy.optimize.show_options("minimize", method, disp)``.
+
+    Parameters
+    ----------
+    method : str, optional
+        One of ``amopt.METHODS``; None: every method.
+    disp : bool
+        True: print the text (and return None); False: return it.
+
+    Returns
+    -------
+    str or None
+        The text, when ``disp`` is False.
+
+    Examples
+    --------
+    >>> import amopt
+    >>> text = amopt.show_options("gd", disp=False)
+    >>> "lr : float" in text and "gtol : float" in text
+    True
+    """
+    if method is None:
+        parts = []
+        for name in METHODS:
+            parts.extend(["\n\n" + name, "\n" + "=" * len(name) + "\n\n"])
+            parts.append(show_options(name, disp=False) or "")
+        text = "".join(parts)
+    else:
+        doc = _method(method).__doc__
+        text = "" if doc is None else inspect.cleandoc(doc)
+    if disp:
+        print(text)
+        return None
+    return text
 
 
 def _tol_to_gtol(tol: Any, options: dict[str, Any]) -> None:
@@ -181,17 +249,58 @@ def scipy_method(name: str) -> Callable[..., OptimizeResult]:
         _tol_to_gtol(options.pop("tol", None), options)
         cb = callback
         if callback is not None:
-            # scipy wraps the user's callback to take an OptimizeResult and reads
-            # `stop_iteration` afterwards to set status 99 itself.
+            # scipy hands a custom method the user's callback as given: either form,
+            # callback(xk) or callback(intermediate_result) by its parameter's name,
+            # dispatched as amopt.minimize does; scipy's own wrapper reads
+            # `stop_iteration` to set status 99, where the callback can hold it
+            user = _wrap_callback(callback)
+
             def cb(intermediate_result):
                 try:
-                    callback(intermediate_result)
+                    user(intermediate_result)
                 except StopIteration:
-                    callback.stop_iteration = True
+                    with contextlib.suppress(AttributeError, TypeError):
+                        callback.stop_iteration = True
                     raise
 
         return meth(fun, x0, args, jac, cb, **options)
 
     _custom.__name__ = f"amopt_{name.replace('-', '_')}"
     _custom.__doc__ = meth.__doc__
-    return _custom
+    return _ScipyMethod(_custom, name)
+
+
+class _MethodName(str):
+    """The name scipy's ``show_options`` looks up: its ``Unknown method`` error names
+    :func:`amopt.show_options`, which documents the method."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{str.__repr__(self)} (an amopt method: its options are shown by "
+            f"amopt.show_options({self.removeprefix('amopt-')!r}))"
+        )
+
+
+class _ScipyMethod:
+    """The callable of :func:`scipy_method`, with the string methods scipy's helpers call.
+
+    ``scipy.optimize.show_options("minimize", method)`` lower-cases ``method`` (a
+    callable has no ``lower``: an ``AttributeError``); here it gets a name that scipy
+    does not know, and its ``ValueError`` points to :func:`amopt.show_options`.
+    """
+
+    def __init__(self, custom: Callable[..., OptimizeResult], name: str):
+        self._custom = custom
+        self.method = name
+        self.__name__ = self.__qualname__ = custom.__name__
+        self.__doc__ = custom.__doc__
+        self.__wrapped__ = custom
+
+    def __call__(self, *args: Any, **kwargs: Any) -> OptimizeResult:
+        return self._custom(*args, **kwargs)
+
+    def lower(self) -> str:
+        return _MethodName(f"amopt-{self.method}")
+
+    def __repr__(self) -> str:
+        return f"amopt.scipy_method({self.method!r})"

@@ -32,7 +32,7 @@ from amopt.backends import library_available
 
 from _objectives import Logistic, logreg_data
 
-FULL = ["gd", "mgd", "am-mgd", "adam", "adamw", "am-adam", "am-adamw"]
+FULL = ["gd", "mgd", "heavy-ball", "nesterov", "am-mgd", "adam", "adamw", "am-adam", "am-adamw"]
 STOCHASTIC = ["sgd", "msgd", "am-sgd"]
 ADAM_FAMILY = ["adam", "adamw", "am-adam", "am-adamw"]
 #: the host reads of a tensor: each is a synchronisation on a GPU

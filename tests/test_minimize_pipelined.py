@@ -211,7 +211,7 @@ def test_the_host_waits_one_step_behind_the_device_on_mini_batches(monkeypatch):
     maxiter = 8
     opts = {"maxiter": maxiter, "lr": 0.01, "batch_size": 16, "seed": 0}
     res = amopt.minimize(prob, torch.zeros(8, dtype=torch.float64), method="am-sgd", options=opts)
-    assert res.nit == maxiter and "maxiter" in res.message
+    assert res.nit == maxiter and res.message == amopt.STATUS_MESSAGES["maxiter"][1]
     assert waits == [1] + [min(t + 2, maxiter) for t in range(1, maxiter + 1)] + [maxiter]
 
 

@@ -69,7 +69,10 @@ def test_am_mgd_beats_mgd_on_libsvm(name):
     prob = LogisticRegression.from_libsvm(name, cache_dir=DATA, download=False)
     lr, T = 1.0 / prob.L, 1000
     x0 = np.zeros(prob.dim)
-    am = amopt.minimize(prob, x0, method="am-mgd", options={"lr": lr, "maxiter": T, "gtol": 0})
+    am = amopt.minimize(
+        prob, x0, method="am-mgd",
+        options={"lr": lr, "maxiter": T, "gtol": 0, "numerator": "exact"},
+    )  # fmt: skip
     mgd = amopt.minimize(
         prob, x0, method="mgd", options={"lr": lr, "beta": 0.9, "maxiter": T, "gtol": 0}
     )
@@ -162,7 +165,7 @@ def test_am_mgd_solves_rosenbrock():
     r = Rosenbrock(2)
     res = amopt.minimize(
         r.value_and_grad, r.x0, method="am-mgd", jac=True,
-        options={"lr": 2e-3, "maxiter": 20000, "gtol": 1e-6},
+        options={"lr": 2e-3, "maxiter": 20000, "gtol": 1e-6, "numerator": "exact"},
     )  # fmt: skip
     assert res.success and np.allclose(res.x, r.x_star, atol=1e-5)
     assert res.nit == pytest.approx(7714, rel=0.02)  # measured

@@ -402,6 +402,10 @@ class LazySession:
                 what = "fun.batch_value_and_grad"
                 f, g = obj._pair(obj.fun.batch_value_and_grad(x, indices), what)
             return _lazy_scalar(f, what, obj.scalar), obj.layout.unpack(g, what)
+        if obj.pair is not None:
+            what = "fun.value_and_grad"
+            f, g = obj._pair(obj.pair(x, *obj.args), what)
+            return _lazy_scalar(f, what, obj.scalar), obj.layout.unpack(g, what)
         if obj.jac_is_true:
             f, g = obj._pair(obj.fun(x, *obj.args), "with jac=True, fun")
             return _lazy_scalar(f, "fun", obj.scalar), obj.layout.unpack(g, "fun (jac=True)")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from amopt.bench import _dask, _gpu, _rows, _standins, cases
+from amopt.bench import _dask, _gpu, _problem_set, _rows, _standins, cases
 from amopt.bench._records import Measured, Result, Row, Settings
 from amopt.bench._rows import A9A_ENV
 from amopt.bench._timing import load_average, machine_info, memory_bandwidth
@@ -29,6 +29,7 @@ __all__ = [
     "EXTRA_ROWS",
     "GPU_ROWS",
     "Measured",
+    "PROBLEM_SET_ROWS",
     "ROWS",
     "Result",
     "Row",
@@ -46,6 +47,9 @@ EXTRA_ROWS: tuple[Row, ...] = (
 )
 #: the GPU targets, run with ``--gpu`` ("no GPU" where there is none)
 GPU_ROWS: tuple[Row, ...] = _gpu.ROWS
+#: the problem set (``--problem-set``): iterations to a gradient test of every method
+#: on every problem, minimize's default against GD (see amopt.bench._problem_set)
+PROBLEM_SET_ROWS: tuple[Row, ...] = _problem_set.ROWS
 #: seconds of timed pairs per GPU row (``--gpu``), so that all of them take a few minutes
 GPU_ROW_SECONDS = 3.0
 #: MiB copied by the memory-bandwidth probe of the report's header, by ``Settings.quick``
@@ -138,6 +142,8 @@ def _fmt(value: float) -> str:
         return f"{value:.0f}"
     if value >= 10:
         return f"{value:.1f}"
+    if 0 < abs(value) < 0.01:  # e.g. the problem set's suboptimalities
+        return f"{value:.2e}"
     return f"{value:.2f}"
 
 
@@ -244,6 +250,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the GPU rows (alone, unless --rows, --extra or --all add others; each row "
         f"times at most about {GPU_ROW_SECONDS:g} s of pairs; 'no GPU' where there is none)",
     )
+    p.add_argument(
+        "--problem-set",
+        action="store_true",
+        help="the problem set alone (with --rows, --extra, --gpu or --all: beside those; "
+        "not part of --all, its logistic rows take minutes): "
+        "quadratics, least squares, logistic regression, Rosenbrock, a non-convex case; "
+        "iterations and time to max|g| <= 1e-6 max|g(x0)| of GD, damped MGD, heavy ball, "
+        "Nesterov, AM-MGD (exact, linear), minimize's default, scipy L-BFGS-B and CG, "
+        "and the full table after the report",
+    )
     p.add_argument("--all", action="store_true", help="every row: default, extra and GPU")
     p.add_argument(
         "--quick", action="store_true", help="small sizes (a smoke test, not the targets)"
@@ -303,11 +319,13 @@ def _write_json(
 def _select(args: argparse.Namespace) -> list[Row]:
     """The rows the flags ask for, in table order."""
     if args.all:
-        rows = [*ROWS, *EXTRA_ROWS, *GPU_ROWS]
-    elif args.gpu and not args.rows and not args.extra:
-        rows = list(GPU_ROWS)
+        rows = [*ROWS, *EXTRA_ROWS, *GPU_ROWS, *(PROBLEM_SET_ROWS if args.problem_set else ())]
+    elif (args.gpu or args.problem_set) and not args.rows and not args.extra:
+        # alone, or the two together
+        rows = [*(GPU_ROWS if args.gpu else ()), *(PROBLEM_SET_ROWS if args.problem_set else ())]
     else:
         rows = [*ROWS, *(EXTRA_ROWS if args.extra else ()), *(GPU_ROWS if args.gpu else ())]
+        rows += [r for r in PROBLEM_SET_ROWS if args.problem_set]
         if args.rows:  # --rows reaches a GPU row by its key, or with a selector naming "gpu"
             rows += [
                 r
@@ -382,6 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     after, bw_after = load_average(), memory_bandwidth(mib, threads=settings.threads)
     measures.update(load_after=after, memory_bandwidth_gbs_after=bw_after)
     print(format_report(results, info, settings, (before, after), (bw_before, bw_after)))
+    if any(r.row in PROBLEM_SET_ROWS for r in results):
+        print("\nProblem set: iterations to max|g| <= 1e-6 max|g(x0)| (wall time of the run)\n")
+        print(_problem_set.format_table())
     write_json(results)
     missed = [r for r in results if r.status in ("MISSED", "error")]
     if args.check and missed:
