@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from amopt._config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
-from amopt.torch import _fused, _traced_ops
+from amopt.torch import _eager, _fused, _traced_ops
 from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     NO_SCALER,
     AdamHyper,
@@ -669,7 +669,6 @@ def check_fused_device(p: Tensor) -> None:
 _REAL_DTYPES = frozenset((torch.float32, torch.float64))
 
 
-@torch.compiler.assume_constant_result
 def _fused_cpu_missing() -> str:
     """Why the fused CPU kernels cannot be loaded ("" when they can).
 
@@ -681,8 +680,14 @@ def _fused_cpu_missing() -> str:
     return ""
 
 
+# a constant of the graph where torch.compile traces (decorated on first traced use:
+# the decorator imports the compiler, see amopt.torch._eager)
+_eager.register("fused_cpu_missing", "assume_constant_result", _fused_cpu_missing)
+
+
 def _fused_cpu_unavailable(tensors: Sequence[Tensor]) -> str | None:
-    missing = _fused_cpu_missing()
+    compiling = torch.compiler.is_compiling()
+    missing = _eager.fused_cpu_missing() if compiling else _fused_cpu_missing()
     if missing:
         return missing
     try:
