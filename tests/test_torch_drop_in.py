@@ -10,6 +10,8 @@ References are torch's own optimizers and signatures.
 
 from __future__ import annotations
 
+import inspect
+import re
 import subprocess
 import sys
 import textwrap
@@ -77,3 +79,103 @@ def test_every_public_name_still_imports():
         assert hasattr(_distributed, name)
     for name in _fused.__all__:
         assert hasattr(_fused, name)
+
+
+# --------------------------------------------------------------------------- torch keywords
+
+from torch_optim_info import OPTIM_DB  # noqa: E402
+
+from amopt.torch import AMAdam, AMAdamW  # noqa: E402
+
+#: the torch keywords AM takes at torch's default only; every other one takes any value
+#: torch takes
+REFUSED = {
+    "AMSGD": {"dampening", "nesterov", "differentiable"},
+    "AMAdamW": {"amsgrad", "differentiable"},
+    "AMAdam": {"amsgrad", "differentiable"},
+}
+
+
+def _torch_defaults(torch_cls):
+    return {
+        name: p.default
+        for name, p in inspect.signature(torch_cls).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def _other_value(value):
+    """A value of the keyword's kind other than torch's default."""
+    if isinstance(value, bool):
+        return not value
+    if value is None:  # foreach, fused
+        return True
+    if isinstance(value, tuple):  # betas
+        return (0.8, 0.99)
+    return 0.5 * float(value) + 0.05
+
+
+def _param():
+    return [torch.nn.Parameter(torch.ones(3))]
+
+
+@pytest.mark.parametrize("info", OPTIM_DB, ids=lambda info: info.name)
+def test_every_torch_keyword_at_its_default_is_accepted(info):
+    defaults = _torch_defaults(info.torch_cls)
+    assert set(REFUSED[info.name]) <= set(defaults)
+    opt = info.optim_cls(_param(), **defaults)
+    reference = info.torch_cls(_param(), **defaults)
+    ours, theirs = opt.param_groups[0], reference.param_groups[0]
+    shared = set(ours) & set(theirs) - {"params"}
+    assert {"lr", "weight_decay", "maximize", "foreach", "fused"} <= shared
+    for key in shared:
+        assert ours[key] == theirs[key], key
+
+
+def _non_default_cases():
+    cases = []
+    for info in OPTIM_DB:
+        for name, value in _torch_defaults(info.torch_cls).items():
+            cases.append((info, name, _other_value(value)))
+    return cases
+
+
+@pytest.mark.parametrize(
+    "case", _non_default_cases(), ids=lambda c: f"{c[0].name}-{c[1]}={c[2]!r}"
+)
+def test_each_torch_keyword_at_another_value_is_taken_or_refused_by_name(case):
+    info, name, value = case
+    if name in REFUSED[info.name]:
+        pattern = rf"{name}={re.escape(repr(value))} is not supported by {info.name}: .+; allowed"
+        with pytest.raises(ValueError, match=pattern):
+            info.optim_cls(_param(), **{name: value})
+        # and in a param group, as torch's param groups may carry it
+        with pytest.raises(ValueError, match=pattern):
+            info.optim_cls([{"params": _param()}, {"params": _param(), name: value}])
+        return
+    info.torch_cls(_param(), **{name: value})  # torch takes it
+    opt = info.optim_cls(_param(), **{name: value})
+    group = opt.param_groups[0]
+    if name == "decoupled_weight_decay":
+        assert group["weight_decay_mode"] == "decoupled"
+    else:
+        assert group[name] == value
+
+
+def test_amadam_with_decoupled_weight_decay_steps_as_amadamw():
+    # torch.optim.Adam(decoupled_weight_decay=True) is AdamW; AMAdam's is AMAdamW
+    for decay in (0.0, 0.1):
+        runs = []
+        for make in (
+            lambda p: AMAdam(p, lr=0.1, weight_decay=decay, decoupled_weight_decay=True),
+            lambda p: AMAdamW(p, lr=0.1, weight_decay=decay),
+        ):
+            g = torch.Generator().manual_seed(0)
+            w = torch.nn.Parameter(torch.randn(5, generator=g, dtype=torch.float64))
+            opt = make([w])
+            for _ in range(6):
+                opt.zero_grad()
+                ((w - 1.0) ** 4).sum().backward()
+                opt.step()
+            runs.append(w.detach().clone())
+        torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)

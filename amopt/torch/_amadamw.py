@@ -30,6 +30,7 @@ from amopt.torch._common import (
     check_group_flags,
     check_lr,
     check_tensor_betas,
+    check_torch_options,
     chunk_elements,
     chunks,
     default_path,
@@ -52,6 +53,9 @@ __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
 #: Weight-decay modes of the functional ``am_adamw``; ``"l2"`` is AM-Adam.
 WEIGHT_DECAY_MODES = _rule.WEIGHT_DECAY_MODES
+
+#: ``torch.optim.AdamW`` keywords taken at torch's default only (``check_torch_options``).
+_TORCH_FIXED = ("amsgrad", "differentiable")
 
 _DEFAULTS: dict[str, Any] = {
     "betas": (0.9, 0.999),
@@ -195,6 +199,11 @@ class AMAdamW(AMOptimizerBase):
         ``torch.distributed.optim.ZeroRedundancyOptimizer``). Not needed for
         replicas (DDP) nor for DTensors (FSDP2, tensor parallel), whose device mesh
         says which ranks hold their pieces; see ``amopt.torch._distributed``.
+    amsgrad, differentiable : bool, default False
+        ``torch.optim.AdamW``'s keywords, taken at its defaults so that a copied
+        configuration runs; ``True`` is a ``ValueError`` naming it (AM preconditions
+        by the running average ``exp_avg_sq``, not AMSGrad's maximum, and its step
+        runs under ``torch.no_grad()``).
 
     Notes
     -----
@@ -274,7 +283,10 @@ class AMAdamW(AMOptimizerBase):
         capturable: bool = False,
         fused: bool | None = None,
         process_group: Any = None,
+        amsgrad: bool = False,
+        differentiable: bool = False,
     ) -> None:
+        check_torch_options(self._name, {"amsgrad": amsgrad, "differentiable": differentiable})
         defaults: dict[str, Any] = {
             "lr": lr,
             "betas": store_betas(betas),
@@ -300,6 +312,7 @@ class AMAdamW(AMOptimizerBase):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group; its hyper-parameters are validated like the constructor's."""
+        check_torch_options(self._name, {k: v for k, v in param_group.items() if k in _TORCH_FIXED})
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         _validate(merged, self._weight_decay_modes)
         super().add_param_group(param_group)
@@ -484,7 +497,8 @@ class AMAdam(AMAdamW):
         x \leftarrow x - \eta\, d / p,
 
     with :math:`p, u, w` and the update of :math:`d` as in :class:`AMAdamW`.
-    Its param groups carry ``weight_decay_mode="l2"``.
+    Its param groups carry ``weight_decay_mode="l2"`` (``"decoupled"`` with
+    ``decoupled_weight_decay=True``).
 
     Parameters
     ----------
@@ -492,10 +506,15 @@ class AMAdam(AMAdamW):
         As in :class:`AMAdamW`.
     variant, beta_min, theta, beta_high, beta_low, maximize, foreach, capturable, fused
         As in :class:`AMAdamW`.
-    process_group
+    process_group, amsgrad, differentiable
         As in :class:`AMAdamW`.
     weight_decay : float, default 0
         L2 penalty coefficient :math:`\mu \ge 0` added to the gradient.
+    decoupled_weight_decay : bool, default False
+        As in ``torch.optim.Adam``: ``True`` decays the weights as :class:`AMAdamW`
+        does (its param groups then carry ``weight_decay_mode="decoupled"`` and its
+        steps are AMAdamW's), as ``torch.optim.Adam(decoupled_weight_decay=True)``
+        is ``torch.optim.AdamW``.
 
     Examples
     --------
@@ -509,7 +528,7 @@ class AMAdam(AMAdamW):
     [0.9000000005, -1.90000000025]
     """
 
-    _weight_decay_modes = ("l2",)
+    _weight_decay_modes = ("l2", "decoupled")
     _name = "AMAdam"
 
     def __init__(
@@ -532,7 +551,11 @@ class AMAdam(AMAdamW):
         capturable: bool = False,
         fused: bool | None = None,
         process_group: Any = None,
+        amsgrad: bool = False,
+        differentiable: bool = False,
+        decoupled_weight_decay: bool = False,
     ) -> None:
+        check_bool("decoupled_weight_decay", decoupled_weight_decay)
         super().__init__(
             params,
             lr=lr,
@@ -541,7 +564,8 @@ class AMAdam(AMAdamW):
             weight_decay=weight_decay,
             lam=lam,
             per_layer=per_layer,
-            weight_decay_mode="l2",
+            # torch.optim.Adam(decoupled_weight_decay=True) is AdamW: so is this AMAdamW's step
+            weight_decay_mode="decoupled" if decoupled_weight_decay else "l2",
             variant=variant,
             beta_min=beta_min,
             theta=theta,
@@ -552,6 +576,8 @@ class AMAdam(AMAdamW):
             capturable=capturable,
             fused=fused,
             process_group=process_group,
+            amsgrad=amsgrad,
+            differentiable=differentiable,
         )
 
 

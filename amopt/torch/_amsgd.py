@@ -25,6 +25,7 @@ from amopt.torch._common import (
     check_fused_device,
     check_group_flags,
     check_lr,
+    check_torch_options,
     default_path,
     foreach_sqsum,
     hyper_lr,
@@ -46,6 +47,9 @@ from amopt.torch._common import (
 from amopt.torch._fused import warn_fallback
 
 __all__ = ["AMSGD", "amsgd"]
+
+#: ``torch.optim.SGD`` keywords taken at torch's default only (``check_torch_options``).
+_TORCH_FIXED = ("dampening", "nesterov", "differentiable")
 
 #: The default cap; ``beta_max is _CAP`` tells an omitted ``beta_max`` from a given one.
 _CAP = 0.9
@@ -165,6 +169,11 @@ class AMSGD(AMOptimizerBase):
         Another name of ``beta_max`` (the name ``torch.optim.SGD`` and torch's
         schedulers use): the cap of the adaptive beta, not a fixed coefficient.
         Giving both with different values is a ``ValueError``.
+    dampening, nesterov, differentiable : default 0, False, False
+        ``torch.optim.SGD``'s keywords, taken at its defaults so that a copied
+        configuration runs; any other value is a ``ValueError`` naming it: AM's
+        update is already a damped average (its weight comes from the adaptive
+        beta), has no Nesterov form, and runs under ``torch.no_grad()``.
     process_group : ProcessGroup, optional
         The ranks that together hold the parameters of a ``per_layer=False`` group
         of plain tensors, each rank a partition (found automatically inside
@@ -244,7 +253,13 @@ class AMSGD(AMOptimizerBase):
         fused: bool | None = None,
         process_group: Any = None,
         momentum: float | None = None,
+        dampening: float = 0,
+        nesterov: bool = False,
+        differentiable: bool = False,
     ) -> None:
+        check_torch_options(
+            "AMSGD", {"dampening": dampening, "nesterov": nesterov, "differentiable": differentiable}
+        )
         if momentum is not None:
             if beta_max is not _CAP and beta_max != momentum:
                 raise ValueError(
@@ -277,6 +292,7 @@ class AMSGD(AMOptimizerBase):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group; ``"beta_max"`` and its alias ``"momentum"`` may be given."""
+        check_torch_options("AMSGD", {k: v for k, v in param_group.items() if k in _TORCH_FIXED})
         has_cap, has_alias = "beta_max" in param_group, "momentum" in param_group
         if has_cap and has_alias and param_group["beta_max"] != param_group["momentum"]:
             raise ValueError(

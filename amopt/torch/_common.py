@@ -195,6 +195,52 @@ def check_group_flags(group: dict[str, Any], nonnegative: Sequence[str] = ()) ->
         )
 
 
+#: Keywords of ``torch.optim.Adam``/``AdamW``/``SGD`` that the AM optimizers take only at
+#: torch's default (so that a copied configuration runs), and why no other value:
+#: ``{name: (the value accepted, the reason)}``.
+TORCH_FIXED_OPTIONS: dict[str, tuple[Any, str]] = {
+    "amsgrad": (
+        False,
+        "the AM step preconditions by the running average exp_avg_sq, not by its running "
+        "maximum (AMSGrad)",
+    ),
+    "differentiable": (
+        False,
+        "its step runs under torch.no_grad() and updates the state in place, as torch.optim "
+        "does with differentiable=False",
+    ),
+    "nesterov": (
+        False,
+        "AM's adaptive beta replaces the momentum coefficient; its update "
+        "d = g + gamma (d - g), x -= lr d has no Nesterov look-ahead form",
+    ),
+    "dampening": (
+        0,
+        "AM's update d = g + gamma (d - g) is a damped average whose weight gamma comes from "
+        "the adaptive beta; there is no separate dampening",
+    ),
+}
+
+
+def check_torch_options(owner: str, options: dict[str, Any]) -> None:
+    """Refuse a ``torch.optim`` keyword of :data:`TORCH_FIXED_OPTIONS` at another value.
+
+    >>> check_torch_options("AMAdamW", {"amsgrad": False})
+    >>> check_torch_options("AMAdamW", {"amsgrad": True})
+    Traceback (most recent call last):
+    ...
+    ValueError: amsgrad=True is not supported by AMAdamW: the AM step preconditions by the \
+running average exp_avg_sq, not by its running maximum (AMSGrad); allowed: amsgrad=False
+    """
+    for name, value in options.items():
+        allowed, why = TORCH_FIXED_OPTIONS[name]
+        if not (isinstance(value, (bool, int, float)) and value == allowed):
+            raise ValueError(
+                f"{name}={value!r} is not supported by {owner}: {why}; allowed: "
+                f"{name}={allowed!r}"
+            )
+
+
 def rule_config(**kwargs: Any) -> AMConfig:
     """The validated :class:`~amopt._config.AMConfig` of a step, built once per value.
 
