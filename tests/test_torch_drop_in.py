@@ -10,6 +10,7 @@ References are torch's own optimizers and signatures.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 import subprocess
@@ -179,3 +180,131 @@ def test_amadam_with_decoupled_weight_decay_steps_as_amadamw():
                 opt.step()
             runs.append(w.detach().clone())
         torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- foreign state dicts
+
+from amopt.torch import AMSGD  # noqa: E402
+
+
+def _objective(w):
+    scale = torch.arange(1, w.numel() + 1, dtype=w.dtype).reshape(w.shape)
+    return (scale * (w - 1.0) ** 2).sum() + 0.01 * (w**4).sum()
+
+
+def _steps(opt, params, n):
+    for _ in range(n):
+        opt.zero_grad()
+        sum(_objective(w) for w in params).backward()
+        opt.step()
+
+
+def _start(seed=0, shapes=((5,), (2, 3))):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.nn.Parameter(torch.randn(*s, generator=g, dtype=torch.float64)) for s in shapes
+    ]
+
+
+def _clone(params):
+    return [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+
+# AM-Adam with beta pinned at beta1 (the restart variant with both betas 0.9) and lam 0 is
+# Adam step for step: d = g + 0.9 (d - g), x -= lr d / ((1 - 0.9 pi)(eps + sqrt(v_hat)))
+PINNED = {"lam": 0.0, "variant": "restart", "beta_high": 0.9, "beta_low": 0.9}
+
+
+@pytest.mark.parametrize(
+    ("torch_cls", "am", "torch_kwargs", "am_kwargs"),
+    [
+        (torch.optim.AdamW, AMAdamW, {"weight_decay": 0.05}, {"per_layer": True}),
+        (torch.optim.AdamW, AMAdamW, {"weight_decay": 0.05}, {"per_layer": False}),
+        (torch.optim.Adam, AMAdam, {"weight_decay": 0.05}, {}),
+        (torch.optim.AdamW, AMAdam, {}, {"decoupled_weight_decay": True}),
+    ],
+)
+def test_an_adam_state_dict_continues_adams_run(torch_cls, am, torch_kwargs, am_kwargs):
+    start = _start()
+    through = _clone(start)
+    reference = torch_cls(through, lr=0.05, **torch_kwargs)
+    _steps(reference, through, 10)
+
+    first = _clone(start)
+    saved = torch_cls(first, lr=0.05, **torch_kwargs)
+    _steps(saved, first, 5)
+    resumed = _clone(first)
+    opt = am(resumed, lr=1.0, **PINNED, **am_kwargs)  # lr comes from the state dict
+    with pytest.warns(UserWarning, match=r"beta1_prod set to betas\[0\] \*\* step"):
+        opt.load_state_dict(saved.state_dict())
+    assert opt.param_groups[0]["lr"] == 0.05
+    assert opt.param_groups[0]["lam"] == 0.0  # AM's own, kept from the constructor
+    _steps(opt, resumed, 5)
+    # ten float64 Adam steps of O(1) coordinates, rounding only
+    for a, b in zip(resumed, through, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+
+
+def test_an_adam_state_dict_keeps_the_am_hyper_parameters():
+    params = _start()
+    saved = torch.optim.AdamW(params, lr=0.01)
+    _steps(saved, params, 3)
+    opt = AMAdamW(_clone(params), lr=0.5, lam=0.3, per_layer=False, variant="clip")
+    with pytest.warns(UserWarning):
+        opt.load_state_dict(saved.state_dict())
+    group = opt.param_groups[0]
+    assert (group["lam"], group["per_layer"], group["variant"]) == (0.3, False, "clip")
+    state = [opt.state[p] for p in group["params"]]
+    assert state[0]["beta1_prod"] is state[1]["beta1_prod"]  # one product per global scope
+    assert float(state[0]["beta1_prod"]) == pytest.approx(0.9**3, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("make_saved", "am", "match"),
+    [
+        (
+            lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+            lambda p: AMSGD(p, lr=1.0),
+            r"AMSGD\.load_state_dict: .*momentum_buffer.*lr = lr_SGD / \(1 - momentum\)",
+        ),
+        (
+            lambda p: torch.optim.SGD(p, lr=0.1),
+            lambda p: AMSGD(p, lr=1.0),
+            r"AMSGD\.load_state_dict: this state dict was saved by another optimizer",
+        ),
+        (
+            lambda p: torch.optim.AdamW(p, amsgrad=True),
+            lambda p: AMAdamW(p),
+            r"AMAdamW\.load_state_dict: .*\['max_exp_avg_sq'\]",
+        ),
+        (
+            lambda p: torch.optim.Adam(p, weight_decay=0.1),
+            lambda p: AMAdamW(p),
+            r"Adam's L2 weight decay .*weight_decay_mode='decoupled'; load it into AMAdam$",
+        ),
+        (
+            lambda p: torch.optim.AdamW(p),
+            lambda p: AMAdam(p),
+            r"AdamW's decoupled weight decay .*weight_decay_mode='l2'; load it into AMAdamW$",
+        ),
+        (
+            lambda p: AMSGD(p, lr=0.1),
+            lambda p: AMAdamW(p),
+            r"AMAdamW\.load_state_dict: .*\['momentum_buffer'\], which AMAdamW cannot take",
+        ),
+        (
+            lambda p: AMAdamW(p),
+            lambda p: AMSGD(p),
+            r"AMSGD\.load_state_dict: .*\['beta1_prod', 'exp_avg', 'exp_avg_sq'\]",
+        ),
+    ],
+)
+def test_a_state_dict_that_means_something_else_is_refused(make_saved, am, match):
+    params = _start()
+    saved = make_saved(params)
+    _steps(saved, params, 2)
+    opt = am(_clone(params))
+    before = copy.deepcopy(opt.state_dict())
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(saved.state_dict())
+    assert opt.state_dict() == before  # nothing loaded

@@ -2,6 +2,7 @@ r"""``AMAdamW`` and ``AMAdam``: Adam with Adaptive Memory momentum for ``torch.o
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -261,6 +262,8 @@ class AMAdamW(AMOptimizerBase):
 
     _weight_decay_modes: tuple[str, ...] = ("decoupled", "proximal")
     _name = "AMAdamW"
+    _state_keys = frozenset({"step", "exp_avg", "exp_avg_sq", "beta1_prod", "beta"})
+    _migrated_keys = frozenset({"step", "exp_avg", "exp_avg_sq"})
 
     def __init__(
         self,
@@ -330,6 +333,69 @@ class AMAdamW(AMOptimizerBase):
                     dtype = accumulation_dtype([real_dtype(p)])
                     state_p["beta1_prod"] = torch.ones((), dtype=dtype, device=p.device)
         self._backfill_steps()
+
+    def _foreign_advice(self) -> str:
+        return (
+            "AM-Adam carries over the state of torch.optim.Adam/AdamW without amsgrad "
+            "(step, exp_avg, exp_avg_sq)"
+        )
+
+    def _migrated_groups(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A ``torch.optim.Adam``/``AdamW`` state dict, checked to mean what this one does."""
+        name = self._name
+        for i, (ours, saved) in enumerate(
+            zip(self.param_groups, state_dict["param_groups"], strict=False)
+        ):
+            if saved.get("amsgrad"):
+                raise ValueError(
+                    f"{name}.load_state_dict: param group {i} was saved with amsgrad=True, "
+                    f"which {name} does not support; {self._foreign_advice()}"
+                )
+            decoupled = saved.get("decoupled_weight_decay")
+            mode = ours["weight_decay_mode"]
+            if saved.get("weight_decay", 0) != 0 and decoupled is not None:
+                if decoupled != (mode == "decoupled"):
+                    saved_kind = "AdamW's decoupled" if decoupled else "Adam's L2"
+                    use = "AMAdamW" if decoupled else "AMAdam"
+                    raise ValueError(
+                        f"{name}.load_state_dict: param group {i} was saved with "
+                        f"{saved_kind} weight decay (weight_decay={saved['weight_decay']!r}, "
+                        f"decoupled_weight_decay={decoupled!r}) and this optimizer's is "
+                        f"weight_decay_mode={mode!r}; load it into {use}"
+                    )
+        return super()._migrated_groups(state_dict)
+
+    def _migrate(self) -> None:
+        r"""``beta1_prod = betas[0] ** step``: Adam's bias correction ``1 - beta1^t`` goes on.
+
+        AM's correction is :math:`1 - \beta_{1,\max}\pi` with :math:`\pi` the product of
+        the betas applied so far; Adam applied ``betas[0]`` at each of its ``step``
+        steps. A global scope shares the product of its first member with state.
+        """
+        for group in self.param_groups:
+            beta1 = float(as_float(group["betas"][0]))
+            members = [p for p in group["params"] if self.state.get(p)]
+            if not members:
+                continue
+            scopes = [[p] for p in members] if group["per_layer"] else [members]
+            for scope in scopes:
+                dtype = accumulation_dtype([real_dtype(p) for p in scope])
+                device = scope[0].device
+                step = float(self.state[scope[0]]["step"])
+                prod = torch.tensor(beta1**step, dtype=dtype, device=device)
+                beta = torch.tensor(beta1, dtype=dtype, device=device)
+                for p in scope:
+                    self.state[p]["beta1_prod"] = prod
+                    self.state[p]["beta"] = beta
+        warnings.warn(
+            f"{self._name}.load_state_dict: loaded another optimizer's state dict (param "
+            "groups without 'lam', as torch.optim.Adam/AdamW save): step, exp_avg and "
+            "exp_avg_sq carried over, beta1_prod set to betas[0] ** step (Adam's bias "
+            "correction continues), lr, betas, eps and weight_decay loaded from it, and the "
+            "AM hyper-parameters (lam, per_layer, variant, ...) kept from this optimizer",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _init_group(
         self,

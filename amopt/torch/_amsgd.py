@@ -234,6 +234,8 @@ class AMSGD(AMOptimizerBase):
     True
     """
 
+    _state_keys = frozenset({"step", "momentum_buffer", "beta"})
+
     def __init__(
         self,
         params: ParamsT,
@@ -318,6 +320,14 @@ class AMSGD(AMOptimizerBase):
             group.setdefault("momentum", group["beta_max"])
         self._beta_max_applied = [g["beta_max"] for g in self.param_groups]
         self._backfill_steps()
+
+    def _foreign_advice(self) -> str:
+        return (
+            "a torch.optim.SGD state does not carry over: its momentum_buffer sums the "
+            "gradients (sum of m^k g, about g / (1 - m)) where AMSGD's averages them, its lr "
+            "means a step 1 - m times shorter, and it keeps no step count; construct AMSGD "
+            "with lr = lr_SGD / (1 - momentum) and let it start its own state"
+        )
 
     def _resolve_beta_max(self, index: int, group: dict[str, Any]) -> float:
         """The cap for this step, reconciling ``"beta_max"`` with its alias ``"momentum"``."""

@@ -1057,6 +1057,12 @@ class AMOptimizerBase(Optimizer):
                 if not _same_kind(state.get(key), value):
                     state[key] = value if shared is None else shared
 
+    #: The per-parameter state entries this optimizer keeps (set by each class).
+    _state_keys: frozenset[str] = frozenset()
+    #: The state entries of a ``torch.optim`` optimizer's state dict that this one carries
+    #: over (:meth:`_migrate`); empty: another optimizer's state dict is refused.
+    _migrated_keys: frozenset[str] = frozenset()
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict; ``beta`` / ``beta1_prod`` keep their accumulation dtype.
 
@@ -1066,9 +1072,36 @@ class AMOptimizerBase(Optimizer):
         lose precision, so they are restored with their saved dtype, on the
         parameter's device. Step counters are kept on the CPU (on the parameter's
         device with ``capturable=True``).
+
+        A state dict saved by another optimizer (its param groups have no ``"lam"``)
+        is carried over where the state means the same (``torch.optim.Adam``/``AdamW``
+        into :class:`~amopt.torch.AMAdamW`/``AMAdam``, with a ``UserWarning``) and
+        refused with a ``ValueError`` otherwise; so is a state with entries this
+        optimizer does not keep. See the class docstrings.
         """
+        name = type(self).__name__
+        foreign = any("lam" not in g for g in state_dict["param_groups"])
+        allowed = self._migrated_keys if foreign else self._state_keys
+        for pid, saved in state_dict["state"].items():
+            unknown = set(saved) - allowed
+            if unknown:
+                origin = "another optimizer's" if foreign else "its"
+                raise ValueError(
+                    f"{name}.load_state_dict: the state of parameter {pid} holds "
+                    f"{sorted(unknown)}, which {name} cannot take from {origin} state dict "
+                    f"(it takes {sorted(allowed) or 'none'}); {self._foreign_advice()}"
+                )
+        if foreign:
+            if not self._migrated_keys:
+                raise ValueError(
+                    f"{name}.load_state_dict: this state dict was saved by another optimizer "
+                    f"(its param groups have no 'lam'); {self._foreign_advice()}"
+                )
+            state_dict = self._migrated_groups(state_dict)
         self._drop_group_plans()
         super().load_state_dict(state_dict)
+        if foreign:
+            self._migrate()
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(
             ((p, bool(g.get("capturable"))) for p in g["params"]) for g in self.param_groups
@@ -1086,6 +1119,29 @@ class AMOptimizerBase(Optimizer):
             home = p.device if on_device else torch.device("cpu")
             if isinstance(step, Tensor) and step.device != home:
                 state["step"] = step.to(home)
+
+    def _foreign_advice(self) -> str:
+        """What to do instead of loading another optimizer's state dict."""
+        return "construct the optimizer afresh and let it build its own state"
+
+    def _migrated_groups(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Another optimizer's state dict whose param groups take AM's keys from this one's.
+
+        The saved hyper-parameters that both share (``lr``, ``betas``, ``eps``, scheduler
+        entries) are loaded as ``torch.optim`` loads them; the AM ones (``lam``,
+        ``per_layer``, the variants, ...), which the saved groups lack, keep this
+        optimizer's values rather than falling back to the class defaults.
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            return state_dict  # torch.optim's own error says so
+        groups = []
+        for ours, saved in zip(self.param_groups, saved_groups, strict=True):
+            groups.append({**{k: v for k, v in ours.items() if k != "params"}, **saved})
+        return {**state_dict, "param_groups": groups}
+
+    def _migrate(self) -> None:
+        """Complete the state carried over from another optimizer (after it is loaded)."""
 
     def _backfill_steps(self) -> None:
         """Older states may hold Python-number steps: make them CPU tensors."""
