@@ -308,3 +308,57 @@ def test_a_state_dict_that_means_something_else_is_refused(make_saved, am, match
     with pytest.raises(ValueError, match=match):
         opt.load_state_dict(saved.state_dict())
     assert opt.state_dict() == before  # nothing loaded
+
+
+# --------------------------------------------------------------------------- AMSGD's lr
+
+
+def _pinned(m):
+    """AMSGD's beta held at ``m`` with lam 0: gamma = m, d = g + m (d - g) = m d + (1 - m) g."""
+    return {"momentum": m, "lam": 0.0, "variant": "restart", "beta_high": m, "beta_low": m}
+
+
+@pytest.mark.parametrize("impl", [{"foreach": False}, {"foreach": True}, {}])
+@pytest.mark.parametrize("m", [0.5, 0.9])
+def test_amsgd_with_beta_pinned_is_torch_sgd_with_dampening_m(m, impl):
+    # the damped heavy ball: torch's b = m b + (1 - dampening) g with b_0 = g_0 and
+    # dampening = m is AM's d = m d + (1 - m) g
+    start = _start()
+    runs = []
+    for make in (
+        lambda p: AMSGD(p, lr=0.02, **_pinned(m), **impl),
+        lambda p: torch.optim.SGD(p, lr=0.02, momentum=m, dampening=m),
+    ):
+        params = _clone(start)
+        _steps(make(params), params, 40)
+        runs.append(params)
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("m", [0.5, 0.9])
+def test_amsgd_lr_a_over_1_minus_m_tracks_torch_sgd_lr_a(m):
+    # with the same gradients g_0, g_1, ... (fed, not computed at the iterates), torch's
+    # b_t = m b + g and AM's d_t = m d + (1 - m) g differ by e_t = b_t - d_t / (1 - m) =
+    # m^t e_0, e_0 = -m g_0 / (1 - m) (both start at g_0): the iterates differ by
+    # a sum_{s<t} e_s, i.e. x_sgd - x_am = a m (1 - m^t) / (1 - m)^2 g_0 exactly
+    a, steps = 0.01, 60
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(7, generator=g, dtype=torch.float64) for _ in range(steps)]
+    x0 = torch.randn(7, generator=g, dtype=torch.float64)
+    sgd_x, am_x = torch.nn.Parameter(x0.clone()), torch.nn.Parameter(x0.clone())
+    sgd = torch.optim.SGD([sgd_x], lr=a, momentum=m)
+    am = AMSGD([am_x], lr=a / (1 - m), **_pinned(m))
+    for t, grad in enumerate(grads, start=1):
+        for x, opt in ((sgd_x, sgd), (am_x, am)):
+            x.grad = grad.clone()
+            opt.step()
+        offset = a * m * (1 - m**t) / (1 - m) ** 2 * grads[0]
+        torch.testing.assert_close(sgd_x - am_x, offset, rtol=0, atol=1e-13)
+    # the copied config, AMSGD(lr=a, momentum=m), takes steps 1 - m times as long
+    short = torch.nn.Parameter(x0.clone())
+    copied = AMSGD([short], lr=a, **_pinned(m))
+    for grad in grads:
+        short.grad = grad.clone()
+        copied.step()
+    torch.testing.assert_close(short - x0, (am_x - x0) * (1 - m), rtol=1e-12, atol=1e-14)

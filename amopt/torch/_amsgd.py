@@ -123,14 +123,18 @@ class AMSGD(AMOptimizerBase):
     lr : float or Tensor, default 1e-3
         Learning rate :math:`\eta \ge 0` (the default of ``torch.optim.SGD``). A
         1-element tensor is accepted on every implementation, as in ``torch.optim.SGD``
-        (its value is read when a step starts).
+        (its value is read when a step starts). ``d`` is an *average* of gradients,
+        not torch's sum: the lr of ``torch.optim.SGD(lr=a, momentum=m)`` maps to
+        about ``a / (1 - m)`` here (see *Momentum and lr* below).
     lam : float, default 0.1
         Proximal regularisation :math:`\lambda \ge 0`; with :math:`\lambda > 0`
         the coefficient applied to :math:`d` is at least :math:`\lambda/(1+\lambda)`.
     beta_max : float, default 0.9
-        Upper clipping bound :math:`\beta_{\max} \in [0, 1]` (the paper uses
-        :math:`0.9 - 0.1\lambda`). Also available in each param group as
-        ``"momentum"``, see *Schedulers* below.
+        Upper clipping bound :math:`\beta_{\max} \in [0, 1]` of the adaptive
+        :math:`\beta_t` (the paper uses :math:`0.9 - 0.1\lambda`): the weight of the
+        past in the average :math:`d` is at most
+        :math:`(\beta_{\max}+\lambda)/(1+\lambda)`. Also available in each param
+        group as ``"momentum"``, see *Schedulers* below.
     weight_decay : float, default 0
         Coupled L2 weight decay :math:`\mu \ge 0` (as in ``torch.optim.SGD``).
     per_layer : bool, default False
@@ -167,8 +171,9 @@ class AMSGD(AMOptimizerBase):
         with one ``FusedFallbackWarning`` per optimizer saying why.
     momentum : float, optional
         Another name of ``beta_max`` (the name ``torch.optim.SGD`` and torch's
-        schedulers use): the cap of the adaptive beta, not a fixed coefficient.
-        Giving both with different values is a ``ValueError``.
+        schedulers use): the cap of the adaptive beta, not a fixed coefficient, and
+        the weight of a damped average, not of torch's undamped sum (see *Momentum
+        and lr*). Giving both with different values is a ``ValueError``.
     dampening, nesterov, differentiable : default 0, False, False
         ``torch.optim.SGD``'s keywords, taken at its defaults so that a copied
         configuration runs; any other value is a ``ValueError`` naming it: AM's
@@ -183,6 +188,36 @@ class AMSGD(AMOptimizerBase):
 
     Notes
     -----
+    **Momentum and lr.** ``torch.optim.SGD(lr=a, momentum=m)`` keeps the undamped
+    sum :math:`b \leftarrow m b + g` and steps :math:`x \leftarrow x - a b`; AM's
+    :math:`d \leftarrow g + \gamma (d - g) = \gamma d + (1-\gamma) g` is a damped
+    average, of the size of one gradient where :math:`b` grows to about
+    :math:`g/(1-m)`. So ``AMSGD(lr=a, momentum=m)``, a copied configuration, takes
+    steps about :math:`1-m` times as long as SGD's (a tenth for ``m = 0.9``). With
+    :math:`\gamma` held at :math:`m` (``lam=0, variant="restart", beta_high=beta_low=m``)
+    the relation is exact: AMSGD is ``torch.optim.SGD(lr, momentum=m, dampening=m)``,
+    and on the same gradients ``AMSGD(lr=a/(1-m))`` follows ``SGD(lr=a, momentum=m)``
+    up to a constant offset :math:`a m g_0/(1-m)^2` from their first steps (tested in
+    ``tests/test_torch_drop_in.py``). Start from ``lr = a / (1 - m)``: measured
+    (``tools/amsgd_lr_mapping.py``; AMD EPYC Zen 4, 2 cores, torch 2.13 CPU) on
+    scikit-learn's digits, an MLP 64-64-10, batches of 32, 5 epochs, final training
+    loss, median of 3 seeds:
+
+    =======================================  ============  ============
+    optimizer                                ``a = 0.01``  ``a = 0.05``
+    =======================================  ============  ============
+    ``SGD(lr=a, momentum=0.9)``              0.326         0.089
+    ``AMSGD(lr=a, momentum=0.9)``            2.127         0.745
+    ``AMSGD(lr=a/(1-0.9), momentum=0.9)``    0.320         0.091
+    =======================================  ============  ============
+
+    (``AMSGD(momentum=0.9)`` at lr 0.05, 0.1, 0.2, 0.5, 1.0: 0.745, 0.320, 0.171,
+    0.091, 0.058.) On a full-batch least-squares problem (200x20, condition 10,
+    ``a = 1/L``) the adaptive beta matters more than the mapping: steps to
+    :math:`10^{-10}` of the initial gap, GD 93, ``SGD(lr=a, momentum=0.9)`` 213
+    (heavy ball untuned at :math:`1/L`), ``AMSGD(lr=a, momentum=0.9)`` 57,
+    ``AMSGD(lr=a/(1-0.9))`` 64.
+
     **State.** Per parameter: ``step`` (a CPU counter, as in ``torch.optim.Adam``),
     ``momentum_buffer`` (:math:`d`) and ``beta`` (the 0-d beta last applied, in the
     accumulation dtype: float32 for half-precision and float32 parameters,
