@@ -215,6 +215,20 @@ class AMAdamW(AMOptimizerBase):
     half-precision and float32 parameters, float64 for float64). ``state_dict()``
     holds all of it; saving and loading mid-run continues bit-identically.
 
+    **Another optimizer's state dict.** A ``torch.optim.AdamW`` (or ``Adam``) state
+    dict loads with a ``UserWarning``: it means the same here. ``exp_avg`` is
+    :math:`d`, ``exp_avg_sq`` is :math:`v` and ``step`` counts the same steps, and
+    ``beta1_prod`` is set to ``betas[0] ** step`` (Adam applied ``betas[0]`` at each
+    step), so the bias correction :math:`1 - \beta_{1,\max}\pi` continues Adam's
+    :math:`1 - \beta_1^{t}`; with the beta held at ``betas[0]`` (``lam=0``, restart
+    variant with both betas equal to it) the run continues AdamW's to rounding.
+    ``lr``, ``betas``, ``eps`` and ``weight_decay`` come from the state dict, as
+    torch loads them; the AM hyper-parameters (``lam``, ``per_layer``, the
+    variants), which it lacks, keep this optimizer's values. Refused with a
+    ``ValueError``: an ``amsgrad=True`` state (``max_exp_avg_sq``), a weight decay
+    of the other kind (Adam's L2 into ``AMAdamW``, AdamW's decoupled into ``AMAdam``)
+    and any other optimizer's state (SGD's, AMSGD's).
+
     **Telemetry.** :meth:`latest_betas` returns the latest beta of every
     parameter (every scope) as device tensors, without synchronising.
 

@@ -224,6 +224,11 @@ class AMSGD(AMOptimizerBase):
     float64 when the scope holds a float64 tensor). ``state_dict()`` holds all of
     it, so saving and loading mid-run continues bit-identically.
 
+    **Another optimizer's state dict** is refused with a ``ValueError``: a
+    ``torch.optim.SGD`` ``momentum_buffer`` sums gradients (about :math:`g/(1-m)`)
+    where :math:`d` averages them, its lr means a shorter step (see *Momentum and
+    lr*), and SGD keeps no step count; so is an AM-Adam state.
+
     **Telemetry.** After ``step()``, :meth:`latest_betas` returns the betas of
     every group and parameter as device tensors, without synchronising.
 
