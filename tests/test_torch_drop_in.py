@@ -21,8 +21,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import amopt  # noqa: E402
-
 
 def _fresh_modules(code: str) -> list[str]:
     """The ``sys.modules`` names matching after ``code`` in a fresh interpreter."""
@@ -171,8 +169,10 @@ def test_amadam_with_decoupled_weight_decay_steps_as_amadamw():
     for decay in (0.0, 0.1):
         runs = []
         for make in (
-            lambda p: AMAdam(p, lr=0.1, weight_decay=decay, decoupled_weight_decay=True),
-            lambda p: AMAdamW(p, lr=0.1, weight_decay=decay),
+            lambda p, decay=decay: AMAdam(
+                p, lr=0.1, weight_decay=decay, decoupled_weight_decay=True
+            ),
+            lambda p, decay=decay: AMAdamW(p, lr=0.1, weight_decay=decay),
         ):
             g = torch.Generator().manual_seed(0)
             w = torch.nn.Parameter(torch.randn(5, generator=g, dtype=torch.float64))
@@ -204,9 +204,7 @@ def _steps(opt, params, n):
 
 def _start(seed=0, shapes=((5,), (2, 3))):
     g = torch.Generator().manual_seed(seed)
-    return [
-        torch.nn.Parameter(torch.randn(*s, generator=g, dtype=torch.float64)) for s in shapes
-    ]
+    return [torch.nn.Parameter(torch.randn(*s, generator=g, dtype=torch.float64)) for s in shapes]
 
 
 def _clone(params):

@@ -329,7 +329,9 @@ class AMAdamW(AMOptimizerBase):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group; its hyper-parameters are validated like the constructor's."""
-        check_torch_options(self._name, {k: v for k, v in param_group.items() if k in _TORCH_FIXED})
+        check_torch_options(
+            self._name, {k: v for k, v in param_group.items() if k in _TORCH_FIXED}
+        )
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         _validate(merged, self._weight_decay_modes)
         super().add_param_group(param_group)

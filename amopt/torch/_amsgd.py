@@ -300,7 +300,8 @@ class AMSGD(AMOptimizerBase):
         differentiable: bool = False,
     ) -> None:
         check_torch_options(
-            "AMSGD", {"dampening": dampening, "nesterov": nesterov, "differentiable": differentiable}
+            "AMSGD",
+            {"dampening": dampening, "nesterov": nesterov, "differentiable": differentiable},
         )
         if momentum is not None:
             if beta_max is not _CAP and beta_max != momentum:

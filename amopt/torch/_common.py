@@ -236,8 +236,7 @@ running average exp_avg_sq, not by its running maximum (AMSGrad); allowed: amsgr
         allowed, why = TORCH_FIXED_OPTIONS[name]
         if not (isinstance(value, (bool, int, float)) and value == allowed):
             raise ValueError(
-                f"{name}={value!r} is not supported by {owner}: {why}; allowed: "
-                f"{name}={allowed!r}"
+                f"{name}={value!r} is not supported by {owner}: {why}; allowed: {name}={allowed!r}"
             )
 
 
