@@ -363,3 +363,11 @@ def test_amsgd_lr_a_over_1_minus_m_tracks_torch_sgd_lr_a(m):
         short.grad = grad.clone()
         copied.step()
     torch.testing.assert_close(short - x0, (am_x - x0) * (1 - m), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls", [AMAdamW, AMAdam])
+def test_adamws_positional_amsgrad_is_a_type_error_that_says_so(cls):
+    # AdamW(params, lr, betas, eps, weight_decay, amsgrad): here the sixth is lam
+    torch.optim.AdamW(_param(), 1e-3, (0.9, 0.999), 1e-8, 0.01, False)
+    with pytest.raises(TypeError, match=r"lam=False: the sixth positional argument .* amsgrad"):
+        cls(_param(), 1e-3, (0.9, 0.999), 1e-8, 0.01, False)

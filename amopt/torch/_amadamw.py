@@ -304,6 +304,12 @@ class AMAdamW(AMOptimizerBase):
         differentiable: bool = False,
     ) -> None:
         check_torch_options(self._name, {"amsgrad": amsgrad, "differentiable": differentiable})
+        if isinstance(lam, bool):  # AdamW(params, lr, betas, eps, weight_decay, amsgrad) copied
+            raise TypeError(
+                f"lam must be a real number; got lam={lam!r}: the sixth positional argument "
+                f"of {self._name} is lam where torch.optim.AdamW's is amsgrad; pass amsgrad "
+                "by keyword"
+            )
         defaults: dict[str, Any] = {
             "lr": lr,
             "betas": store_betas(betas),

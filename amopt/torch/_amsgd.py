@@ -119,7 +119,9 @@ class AMSGD(AMOptimizerBase):
     ----------
     params : iterable
         Parameters or dicts defining parameter groups (any hyper-parameter
-        below can be set per group).
+        below can be set per group). Pass the others by keyword when copying a
+        ``torch.optim.SGD`` call: the third positional argument here is ``lam``,
+        where torch's is ``momentum``.
     lr : float or Tensor, default 1e-3
         Learning rate :math:`\eta \ge 0` (the default of ``torch.optim.SGD``). A
         1-element tensor is accepted on every implementation, as in ``torch.optim.SGD``
