@@ -371,3 +371,15 @@ def test_adamws_positional_amsgrad_is_a_type_error_that_says_so(cls):
     torch.optim.AdamW(_param(), 1e-3, (0.9, 0.999), 1e-8, 0.01, False)
     with pytest.raises(TypeError, match=r"lam=False: the sixth positional argument .* amsgrad"):
         cls(_param(), 1e-3, (0.9, 0.999), 1e-8, 0.01, False)
+
+
+@pytest.mark.parametrize("cls", [AMSGD, AMAdamW])
+def test_an_am_state_dict_with_an_entry_of_a_later_version_still_loads(cls):
+    params = _start()
+    opt = cls(params, lr=0.01)
+    _steps(opt, params, 2)
+    saved = copy.deepcopy(opt.state_dict())
+    saved["state"][0]["later_entry"] = torch.tensor(1.0)
+    other = cls(_clone(params), lr=0.01)
+    other.load_state_dict(saved)
+    assert float(other.state[other.param_groups[0]["params"][0]]["later_entry"]) == 1.0

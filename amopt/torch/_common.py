@@ -46,6 +46,12 @@ __all__: list[str] = []
 #: Per-parameter state entries kept in the accumulation dtype (never cast to the param dtype).
 SCALAR_STATE_KEYS = ("beta", "beta1_prod")
 
+#: The per-parameter state entries of the AM optimizers: one optimizer refuses another's
+#: (``AMOptimizerBase.load_state_dict``).
+AM_STATE_KEYS = frozenset(
+    {"step", "beta", "momentum_buffer", "exp_avg", "exp_avg_sq", "beta1_prod"}
+)
+
 #: The implementations of a step: the readable reference, ``torch._foreach_*``, the
 #: fused C kernels of :mod:`amopt.torch._fused` (CPU) and the Triton kernels (CUDA).
 PATHS = ("single", "foreach", "fused", "triton")
@@ -1080,15 +1086,18 @@ class AMOptimizerBase(Optimizer):
         """
         name = type(self).__name__
         foreign = any("lam" not in g for g in state_dict["param_groups"])
-        allowed = self._migrated_keys if foreign else self._state_keys
         for pid, saved in state_dict["state"].items():
-            unknown = set(saved) - allowed
+            if foreign:  # only what carries over
+                unknown = set(saved) - self._migrated_keys
+            else:  # another AM optimizer's entries (entries of later versions pass)
+                unknown = set(saved) & (AM_STATE_KEYS - self._state_keys)
             if unknown:
                 origin = "another optimizer's" if foreign else "its"
+                allowed = sorted(self._migrated_keys if foreign else self._state_keys)
                 raise ValueError(
                     f"{name}.load_state_dict: the state of parameter {pid} holds "
                     f"{sorted(unknown)}, which {name} cannot take from {origin} state dict "
-                    f"(it takes {sorted(allowed) or 'none'}); {self._foreign_advice()}"
+                    f"(it takes {allowed or 'none'}); {self._foreign_advice()}"
                 )
         if foreign:
             if not self._migrated_keys:
