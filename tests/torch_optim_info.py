@@ -117,6 +117,8 @@ class OptimizerInfo:
     oracle_run: Callable[..., tuple[list[list[np.ndarray]], np.ndarray]]
     per_layer_default: bool
     tags: frozenset[str] = field(default_factory=frozenset)
+    #: the ``torch.optim`` class whose keywords a copied configuration passes
+    torch_cls: type[torch.optim.Optimizer] | None = None
 
     def kwargs(self, inp: OptimizerInput) -> dict[str, Any]:
         return {**self.required, **inp.kwargs}
@@ -333,6 +335,31 @@ def _sgd_errors() -> tuple[ErrorInput, ...]:
             r"lr must be a finite number >= 0; got lr=-1\.0",
             in_param_group=True,
         ),
+        ErrorInput(
+            "torch's nesterov=True",
+            {"nesterov": True},
+            ValueError,
+            r"nesterov=True is not supported by AMSGD: .*; allowed: nesterov=False",
+        ),
+        ErrorInput(
+            "torch's dampening=0.1",
+            {"dampening": 0.1},
+            ValueError,
+            r"dampening=0\.1 is not supported by AMSGD: .*; allowed: dampening=0",
+        ),
+        ErrorInput(
+            "torch's differentiable=True",
+            {"differentiable": True},
+            ValueError,
+            r"differentiable=True is not supported by AMSGD: .*; allowed: differentiable=False",
+        ),
+        ErrorInput(
+            "torch's nesterov=True in a param group",
+            {"nesterov": True},
+            ValueError,
+            r"nesterov=True is not supported by AMSGD",
+            in_param_group=True,
+        ),
     )
 
 
@@ -364,6 +391,7 @@ AMSGD_INFO = OptimizerInfo(
     core_run=amsgd_core_run,
     oracle_run=amsgd_oracle_run,
     per_layer_default=False,
+    torch_cls=torch.optim.SGD,
 )
 
 
@@ -479,6 +507,26 @@ def _adam_errors() -> tuple[ErrorInput, ...]:
             r"eps must be a finite number >= 0; got eps=-1\.0",
             in_param_group=True,
         ),
+        ErrorInput(
+            "torch's amsgrad=True",
+            {"amsgrad": True},
+            ValueError,
+            r"amsgrad=True is not supported by AMAdam(W)?: .*; allowed: amsgrad=False",
+        ),
+        ErrorInput(
+            "torch's differentiable=True",
+            {"differentiable": True},
+            ValueError,
+            r"differentiable=True is not supported by AMAdam(W)?: .*; allowed: "
+            r"differentiable=False",
+        ),
+        ErrorInput(
+            "torch's amsgrad=True in a param group",
+            {"amsgrad": True},
+            ValueError,
+            r"amsgrad=True is not supported by AMAdam(W)?",
+            in_param_group=True,
+        ),
     )
 
 
@@ -521,6 +569,7 @@ AMADAMW_INFO = OptimizerInfo(
     core_run=make_adam_core_run(l2=False),
     oracle_run=make_adam_oracle_run(l2=False),
     per_layer_default=True,
+    torch_cls=torch.optim.AdamW,
 )
 
 AMADAM_INFO = OptimizerInfo(
@@ -547,6 +596,7 @@ AMADAM_INFO = OptimizerInfo(
     core_run=make_adam_core_run(l2=True),
     oracle_run=make_adam_oracle_run(l2=True),
     per_layer_default=True,
+    torch_cls=torch.optim.Adam,
 )
 
 OPTIM_DB: tuple[OptimizerInfo, ...] = (AMSGD_INFO, AMADAMW_INFO, AMADAM_INFO)

@@ -2,6 +2,7 @@ r"""``AMAdamW`` and ``AMAdam``: Adam with Adaptive Memory momentum for ``torch.o
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from amopt.torch._common import (
     check_group_flags,
     check_lr,
     check_tensor_betas,
+    check_torch_options,
     chunk_elements,
     chunks,
     default_path,
@@ -53,6 +55,9 @@ __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
 #: Weight-decay modes of the functional ``am_adamw``; ``"l2"`` is AM-Adam.
 WEIGHT_DECAY_MODES = _rule.WEIGHT_DECAY_MODES
+
+#: ``torch.optim.AdamW`` keywords taken at torch's default only (``check_torch_options``).
+_TORCH_FIXED = ("amsgrad", "differentiable")
 
 _DEFAULTS: dict[str, Any] = {
     "betas": (0.9, 0.999),
@@ -197,6 +202,11 @@ class AMAdamW(AMOptimizerBase):
         ``torch.distributed.optim.ZeroRedundancyOptimizer``). Not needed for
         replicas (DDP) nor for DTensors (FSDP2, tensor parallel), whose device mesh
         says which ranks hold their pieces; see ``amopt.torch._distributed``.
+    amsgrad, differentiable : bool, default False
+        ``torch.optim.AdamW``'s keywords, taken at its defaults so that a copied
+        configuration runs; ``True`` is a ``ValueError`` naming it (AM preconditions
+        by the running average ``exp_avg_sq``, not AMSGrad's maximum, and its step
+        runs under ``torch.no_grad()``).
 
     Notes
     -----
@@ -206,6 +216,20 @@ class AMAdamW(AMOptimizerBase):
     beta last applied), the last two in the accumulation dtype (float32 for
     half-precision and float32 parameters, float64 for float64). ``state_dict()``
     holds all of it; saving and loading mid-run continues bit-identically.
+
+    **Another optimizer's state dict.** A ``torch.optim.AdamW`` (or ``Adam``) state
+    dict loads with a ``UserWarning``: it means the same here. ``exp_avg`` is
+    :math:`d`, ``exp_avg_sq`` is :math:`v` and ``step`` counts the same steps, and
+    ``beta1_prod`` is set to ``betas[0] ** step`` (Adam applied ``betas[0]`` at each
+    step), so the bias correction :math:`1 - \beta_{1,\max}\pi` continues Adam's
+    :math:`1 - \beta_1^{t}`; with the beta held at ``betas[0]`` (``lam=0``, restart
+    variant with both betas equal to it) the run continues AdamW's to rounding.
+    ``lr``, ``betas``, ``eps`` and ``weight_decay`` come from the state dict, as
+    torch loads them; the AM hyper-parameters (``lam``, ``per_layer``, the
+    variants), which it lacks, keep this optimizer's values. Refused with a
+    ``ValueError``: an ``amsgrad=True`` state (``max_exp_avg_sq``), a weight decay
+    of the other kind (Adam's L2 into ``AMAdamW``, AdamW's decoupled into ``AMAdam``)
+    and any other optimizer's state (SGD's, AMSGD's).
 
     **Telemetry.** :meth:`latest_betas` returns the latest beta of every
     parameter (every scope) as device tensors, without synchronising.
@@ -254,6 +278,8 @@ class AMAdamW(AMOptimizerBase):
 
     _weight_decay_modes: tuple[str, ...] = ("decoupled", "proximal")
     _name = "AMAdamW"
+    _state_keys = frozenset({"step", "exp_avg", "exp_avg_sq", "beta1_prod", "beta"})
+    _migrated_keys = frozenset({"step", "exp_avg", "exp_avg_sq"})
 
     def __init__(
         self,
@@ -276,7 +302,16 @@ class AMAdamW(AMOptimizerBase):
         capturable: bool = False,
         fused: bool | None = None,
         process_group: Any = None,
+        amsgrad: bool = False,
+        differentiable: bool = False,
     ) -> None:
+        check_torch_options(self._name, {"amsgrad": amsgrad, "differentiable": differentiable})
+        if isinstance(lam, bool):  # AdamW(params, lr, betas, eps, weight_decay, amsgrad) copied
+            raise TypeError(
+                f"lam must be a real number; got lam={lam!r}: the sixth positional argument "
+                f"of {self._name} is lam where torch.optim.AdamW's is amsgrad; pass amsgrad "
+                "by keyword"
+            )
         defaults: dict[str, Any] = {
             "lr": lr,
             "betas": store_betas(betas),
@@ -302,6 +337,9 @@ class AMAdamW(AMOptimizerBase):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group; its hyper-parameters are validated like the constructor's."""
+        check_torch_options(
+            self._name, {k: v for k, v in param_group.items() if k in _TORCH_FIXED}
+        )
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         _validate(merged, self._weight_decay_modes)
         super().add_param_group(param_group)
@@ -319,6 +357,69 @@ class AMAdamW(AMOptimizerBase):
                     dtype = accumulation_dtype([real_dtype(p)])
                     state_p["beta1_prod"] = torch.ones((), dtype=dtype, device=p.device)
         self._backfill_steps()
+
+    def _foreign_advice(self) -> str:
+        return (
+            "AM-Adam carries over the state of torch.optim.Adam/AdamW without amsgrad "
+            "(step, exp_avg, exp_avg_sq)"
+        )
+
+    def _migrated_groups(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A ``torch.optim.Adam``/``AdamW`` state dict, checked to mean what this one does."""
+        name = self._name
+        for i, (ours, saved) in enumerate(
+            zip(self.param_groups, state_dict["param_groups"], strict=False)
+        ):
+            if saved.get("amsgrad"):
+                raise ValueError(
+                    f"{name}.load_state_dict: param group {i} was saved with amsgrad=True, "
+                    f"which {name} does not support; {self._foreign_advice()}"
+                )
+            decoupled = saved.get("decoupled_weight_decay")
+            mode = ours["weight_decay_mode"]
+            if saved.get("weight_decay", 0) != 0 and decoupled is not None:
+                if decoupled != (mode == "decoupled"):
+                    saved_kind = "AdamW's decoupled" if decoupled else "Adam's L2"
+                    use = "AMAdamW" if decoupled else "AMAdam"
+                    raise ValueError(
+                        f"{name}.load_state_dict: param group {i} was saved with "
+                        f"{saved_kind} weight decay (weight_decay={saved['weight_decay']!r}, "
+                        f"decoupled_weight_decay={decoupled!r}) and this optimizer's is "
+                        f"weight_decay_mode={mode!r}; load it into {use}"
+                    )
+        return super()._migrated_groups(state_dict)
+
+    def _migrate(self) -> None:
+        r"""``beta1_prod = betas[0] ** step``: Adam's bias correction ``1 - beta1^t`` goes on.
+
+        AM's correction is :math:`1 - \beta_{1,\max}\pi` with :math:`\pi` the product of
+        the betas applied so far; Adam applied ``betas[0]`` at each of its ``step``
+        steps. A global scope shares the product of its first member with state.
+        """
+        for group in self.param_groups:
+            beta1 = float(as_float(group["betas"][0]))
+            members = [p for p in group["params"] if self.state.get(p)]
+            if not members:
+                continue
+            scopes = [[p] for p in members] if group["per_layer"] else [members]
+            for scope in scopes:
+                dtype = accumulation_dtype([real_dtype(p) for p in scope])
+                device = scope[0].device
+                step = float(self.state[scope[0]]["step"])
+                prod = torch.tensor(beta1**step, dtype=dtype, device=device)
+                beta = torch.tensor(beta1, dtype=dtype, device=device)
+                for p in scope:
+                    self.state[p]["beta1_prod"] = prod
+                    self.state[p]["beta"] = beta
+        warnings.warn(
+            f"{self._name}.load_state_dict: loaded another optimizer's state dict (param "
+            "groups without 'lam', as torch.optim.Adam/AdamW save): step, exp_avg and "
+            "exp_avg_sq carried over, beta1_prod set to betas[0] ** step (Adam's bias "
+            "correction continues), lr, betas, eps and weight_decay loaded from it, and the "
+            "AM hyper-parameters (lam, per_layer, variant, ...) kept from this optimizer",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _init_group(
         self,
@@ -493,7 +594,8 @@ class AMAdam(AMAdamW):
         x \leftarrow x - \eta\, d / p,
 
     with :math:`p, u, w` and the update of :math:`d` as in :class:`AMAdamW`.
-    Its param groups carry ``weight_decay_mode="l2"``.
+    Its param groups carry ``weight_decay_mode="l2"`` (``"decoupled"`` with
+    ``decoupled_weight_decay=True``).
 
     Parameters
     ----------
@@ -501,10 +603,15 @@ class AMAdam(AMAdamW):
         As in :class:`AMAdamW`.
     variant, beta_min, theta, beta_high, beta_low, maximize, foreach, capturable, fused
         As in :class:`AMAdamW`.
-    process_group
+    process_group, amsgrad, differentiable
         As in :class:`AMAdamW`.
     weight_decay : float, default 0
         L2 penalty coefficient :math:`\mu \ge 0` added to the gradient.
+    decoupled_weight_decay : bool, default False
+        As in ``torch.optim.Adam``: ``True`` decays the weights as :class:`AMAdamW`
+        does (its param groups then carry ``weight_decay_mode="decoupled"`` and its
+        steps are AMAdamW's), as ``torch.optim.Adam(decoupled_weight_decay=True)``
+        is ``torch.optim.AdamW``.
 
     Examples
     --------
@@ -518,7 +625,7 @@ class AMAdam(AMAdamW):
     [0.9000000005, -1.90000000025]
     """
 
-    _weight_decay_modes = ("l2",)
+    _weight_decay_modes = ("l2", "decoupled")
     _name = "AMAdam"
 
     def __init__(
@@ -541,7 +648,11 @@ class AMAdam(AMAdamW):
         capturable: bool = False,
         fused: bool | None = None,
         process_group: Any = None,
+        amsgrad: bool = False,
+        differentiable: bool = False,
+        decoupled_weight_decay: bool = False,
     ) -> None:
+        check_bool("decoupled_weight_decay", decoupled_weight_decay)
         super().__init__(
             params,
             lr=lr,
@@ -550,7 +661,8 @@ class AMAdam(AMAdamW):
             weight_decay=weight_decay,
             lam=lam,
             per_layer=per_layer,
-            weight_decay_mode="l2",
+            # torch.optim.Adam(decoupled_weight_decay=True) is AdamW: so is this AMAdamW's step
+            weight_decay_mode="decoupled" if decoupled_weight_decay else "l2",
             variant=variant,
             beta_min=beta_min,
             theta=theta,
@@ -561,6 +673,8 @@ class AMAdam(AMAdamW):
             capturable=capturable,
             fused=fused,
             process_group=process_group,
+            amsgrad=amsgrad,
+            differentiable=differentiable,
         )
 
 

@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 
 from amopt import _rule
 from amopt._config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
-from amopt.torch import _fused, _traced_ops
+from amopt.torch import _eager, _fused, _traced_ops
 from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     NO_SCALER,
     AdamHyper,
@@ -46,6 +46,12 @@ __all__: list[str] = []
 
 #: Per-parameter state entries kept in the accumulation dtype (never cast to the param dtype).
 SCALAR_STATE_KEYS = ("beta", "beta1_prod")
+
+#: The per-parameter state entries of the AM optimizers: one optimizer refuses another's
+#: (``AMOptimizerBase.load_state_dict``).
+AM_STATE_KEYS = frozenset(
+    {"step", "beta", "momentum_buffer", "exp_avg", "exp_avg_sq", "beta1_prod"}
+)
 
 #: The implementations of a step: the readable reference, ``torch._foreach_*``, the
 #: fused C kernels of :mod:`amopt.torch._fused` (CPU) and the Triton kernels (CUDA).
@@ -194,6 +200,51 @@ def check_group_flags(group: dict[str, Any], nonnegative: Sequence[str] = ()) ->
             "`fused` and `foreach` cannot be `True` together; got fused=True, foreach=True "
             "(set one of them, or neither to let the optimizer choose)"
         )
+
+
+#: Keywords of ``torch.optim.Adam``/``AdamW``/``SGD`` that the AM optimizers take only at
+#: torch's default (so that a copied configuration runs), and why no other value:
+#: ``{name: (the value accepted, the reason)}``.
+TORCH_FIXED_OPTIONS: dict[str, tuple[Any, str]] = {
+    "amsgrad": (
+        False,
+        "the AM step preconditions by the running average exp_avg_sq, not by its running "
+        "maximum (AMSGrad)",
+    ),
+    "differentiable": (
+        False,
+        "its step runs under torch.no_grad() and updates the state in place, as torch.optim "
+        "does with differentiable=False",
+    ),
+    "nesterov": (
+        False,
+        "AM's adaptive beta replaces the momentum coefficient; its update "
+        "d = g + gamma (d - g), x -= lr d has no Nesterov look-ahead form",
+    ),
+    "dampening": (
+        0,
+        "AM's update d = g + gamma (d - g) is a damped average whose weight gamma comes from "
+        "the adaptive beta; there is no separate dampening",
+    ),
+}
+
+
+def check_torch_options(owner: str, options: dict[str, Any]) -> None:
+    """Refuse a ``torch.optim`` keyword of :data:`TORCH_FIXED_OPTIONS` at another value.
+
+    >>> check_torch_options("AMAdamW", {"amsgrad": False})
+    >>> check_torch_options("AMAdamW", {"amsgrad": True})
+    Traceback (most recent call last):
+    ...
+    ValueError: amsgrad=True is not supported by AMAdamW: the AM step preconditions by the \
+running average exp_avg_sq, not by its running maximum (AMSGrad); allowed: amsgrad=False
+    """
+    for name, value in options.items():
+        allowed, why = TORCH_FIXED_OPTIONS[name]
+        if not (isinstance(value, (bool, int, float)) and value == allowed):
+            raise ValueError(
+                f"{name}={value!r} is not supported by {owner}: {why}; allowed: {name}={allowed!r}"
+            )
 
 
 def rule_config(**kwargs: Any) -> AMConfig:
@@ -680,7 +731,6 @@ def check_fused_device(p: Tensor) -> None:
 _REAL_DTYPES = frozenset((torch.float32, torch.float64))
 
 
-@torch.compiler.assume_constant_result
 def _fused_cpu_missing() -> str:
     """Why the fused CPU kernels cannot be loaded ("" when they can).
 
@@ -692,8 +742,14 @@ def _fused_cpu_missing() -> str:
     return ""
 
 
+# a constant of the graph where torch.compile traces (decorated on first traced use:
+# the decorator imports the compiler, see amopt.torch._eager)
+_eager.register("fused_cpu_missing", "assume_constant_result", _fused_cpu_missing)
+
+
 def _fused_cpu_unavailable(tensors: Sequence[Tensor]) -> str | None:
-    missing = _fused_cpu_missing()
+    compiling = torch.compiler.is_compiling()
+    missing = _eager.fused_cpu_missing() if compiling else _fused_cpu_missing()
     if missing:
         return missing
     try:
@@ -1130,6 +1186,12 @@ class AMOptimizerBase(Optimizer):
                 if not _same_kind(state.get(key), value):
                     state[key] = value if shared is None else shared
 
+    #: The per-parameter state entries this optimizer keeps (set by each class).
+    _state_keys: frozenset[str] = frozenset()
+    #: The state entries of a ``torch.optim`` optimizer's state dict that this one carries
+    #: over (:meth:`_migrate`); empty: another optimizer's state dict is refused.
+    _migrated_keys: frozenset[str] = frozenset()
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict; ``beta`` / ``beta1_prod`` keep their accumulation dtype.
 
@@ -1139,11 +1201,41 @@ class AMOptimizerBase(Optimizer):
         lose precision, so they are restored with their saved dtype, on the
         parameter's device. Step counters are kept on the CPU (on the parameter's
         device with ``capturable=True``).
+
+        A state dict saved by another optimizer (its param groups have no ``"lam"``)
+        is carried over where the state means the same (``torch.optim.Adam``/``AdamW``
+        into :class:`~amopt.torch.AMAdamW`/``AMAdam``, with a ``UserWarning``) and
+        refused with a ``ValueError`` otherwise; so is a state with entries this
+        optimizer does not keep. See the class docstrings.
         """
+        name = type(self).__name__
+        foreign = any("lam" not in g for g in state_dict["param_groups"])
+        for pid, saved in state_dict["state"].items():
+            if foreign:  # only what carries over
+                unknown = set(saved) - self._migrated_keys
+            else:  # another AM optimizer's entries (entries of later versions pass)
+                unknown = set(saved) & (AM_STATE_KEYS - self._state_keys)
+            if unknown:
+                origin = "another optimizer's" if foreign else "its"
+                allowed = sorted(self._migrated_keys if foreign else self._state_keys)
+                raise ValueError(
+                    f"{name}.load_state_dict: the state of parameter {pid} holds "
+                    f"{sorted(unknown)}, which {name} cannot take from {origin} state dict "
+                    f"(it takes {allowed or 'none'}); {self._foreign_advice()}"
+                )
+        if foreign:
+            if not self._migrated_keys:
+                raise ValueError(
+                    f"{name}.load_state_dict: this state dict was saved by another optimizer "
+                    f"(its param groups have no 'lam'); {self._foreign_advice()}"
+                )
+            state_dict = self._migrated_groups(state_dict)
         self._drop_group_plans()
         self._lr_tables()
         self._lr_cache.clear()  # r comes from the loaded "prev_lr"
         super().load_state_dict(state_dict)
+        if foreign:
+            self._migrate()
         saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         params = chain.from_iterable(
             ((p, bool(g.get("capturable"))) for p in g["params"]) for g in self.param_groups
@@ -1164,6 +1256,29 @@ class AMOptimizerBase(Optimizer):
             home = p.device if on_device else torch.device("cpu")
             if isinstance(step, Tensor) and step.device != home:
                 state["step"] = step.to(home)
+
+    def _foreign_advice(self) -> str:
+        """What to do instead of loading another optimizer's state dict."""
+        return "construct the optimizer afresh and let it build its own state"
+
+    def _migrated_groups(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Another optimizer's state dict whose param groups take AM's keys from this one's.
+
+        The saved hyper-parameters that both share (``lr``, ``betas``, ``eps``, scheduler
+        entries) are loaded as ``torch.optim`` loads them; the AM ones (``lam``,
+        ``per_layer``, the variants, ...), which the saved groups lack, keep this
+        optimizer's values rather than falling back to the class defaults.
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            return state_dict  # torch.optim's own error says so
+        groups = []
+        for ours, saved in zip(self.param_groups, saved_groups, strict=True):
+            groups.append({**{k: v for k, v in ours.items() if k != "params"}, **saved})
+        return {**state_dict, "param_groups": groups}
+
+    def _migrate(self) -> None:
+        """Complete the state carried over from another optimizer (after it is loaded)."""
 
     def _backfill_steps(self) -> None:
         """Older states may hold Python-number steps: make them CPU tensors."""

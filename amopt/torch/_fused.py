@@ -70,6 +70,7 @@ import torch
 from torch import Tensor
 
 from amopt import _rule, _tape
+from amopt.torch import _eager
 from amopt.torch._records import (
     NO_SCALER,
     AdamHyper,
@@ -636,12 +637,21 @@ def _aliased(addresses: list[list[int]]) -> bool:
     return len(set(used)) != len(used)
 
 
-@torch.compiler.disable
+def _run(step: Any, *args: Any) -> Any:
+    return step(*args)
+
+
+_eager.register("fused_run", "disable", _run)
+
+
 def eagerly(step: Any, *args: Any) -> Any:
     """``step(*args)`` (:func:`fused_amsgd` or :func:`fused_am_adamw`) run eagerly where
     ``torch.compile`` traces a step that cannot take the custom operators of
     :mod:`amopt.torch._fused_ops`: dynamo cannot trace the kernels' ctypes call (a graph
-    break at this call)."""
+    break at this call). Disabled on first traced use (:mod:`amopt.torch._eager`), so
+    that ``import amopt.torch`` does not load the compiler."""
+    if torch.compiler.is_compiling():
+        return _eager.fused_run(step, *args)
     return step(*args)
 
 

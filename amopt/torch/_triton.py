@@ -71,6 +71,7 @@ from torch import Tensor
 
 from amopt import _rule, _tape, _torch_rule
 from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
+from amopt.torch import _eager
 from amopt.torch._records import (
     NO_SCALER,
     AdamHyper,
@@ -117,17 +118,26 @@ def _triton_import_error() -> str | None:
     return None
 
 
-@torch.compiler.assume_constant_result
 def _interpret() -> bool:
     """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``).
 
     A constant of a compiled graph: newer Triton reads the variable in C++, which
     Dynamo cannot trace, and the optimizers ask (through :func:`available`) while
-    ``torch.compile`` traces their step.
+    ``torch.compile`` traces their step. (Decorated on first traced use, see
+    :mod:`amopt.torch._eager`: the decorator imports the compiler.)
     """
+    if torch.compiler.is_compiling():
+        return _eager.triton_interpret()
+    return _interpret_eagerly()
+
+
+def _interpret_eagerly() -> bool:
     if _triton_import_error() is not None:
         return False
     return _torch_rule._interpret()
+
+
+_eager.register("triton_interpret", "assume_constant_result", _interpret_eagerly)
 
 
 def available(tensors: Iterable[Tensor]) -> str | None:
