@@ -62,10 +62,30 @@ if _MATHJAX is None or not _MATHJAX.submodule_search_locations:
         'pip install -e ".[docs]"'
     )
 MATHJAX_DIR = Path(_MATHJAX.submodule_search_locations[0]) / "static"
-mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML"
+mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"  # the config it ships
 mathjax2_config = {
-    "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]]},
-    "HTML-CSS": {"availableFonts": ["TeX"], "imageFont": None, "webFont": "TeX"},
+    # MyST marks its pages' sections tex2jax_ignore and wraps math in class "math" (it
+    # updates only a MathJax 3 configuration to match): process those elements here too
+    "tex2jax": {
+        "inlineMath": [["\\(", "\\)"]],
+        "displayMath": [["\\[", "\\]"]],
+        "processClass": "tex2jax_process|mathjax_process|math|output_area",
+        "ignoreClass": "tex2jax_ignore|mathjax_ignore",
+    },
+    # the package ships the STIX-Web fonts only (as Jupyter configures them)
+    "HTML-CSS": {
+        "availableFonts": ["STIX-Web"],
+        "preferredFont": "STIX-Web",
+        "webFont": "STIX-Web",
+        "imageFont": None,
+        # MathJax's probe font points at about:blank, which Chromium refuses as a failed
+        # cross-origin request; a local() name that no system has fails the same way
+        # for the probe, with no request
+        "styles": {
+            "@font-face": {"font-family": "MathJax_Blank", "src": "local('MathJax_Blank_0')"}
+        },
+    },
+    "SVG": {"font": "STIX-Web"},
     "messageStyle": "none",
 }
 
@@ -137,6 +157,8 @@ html_theme_options = {
 }
 html_sidebars = {"index": [], "getting-started": []}
 html_show_sourcelink = False
+# an empty default mode makes the theme log a console error on every page
+html_context = {"default_mode": "light"}
 html_copy_source = False
 
 # intersphinx is not loaded: the build and the site stay offline.
