@@ -146,6 +146,7 @@ plot_formats = [("png", 110)]
 html_theme = "pydata_sphinx_theme"
 html_title = f"amopt {release}"
 html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 html_theme_options = {
     "navbar_align": "left",
     "show_toc_level": 2,

@@ -14,6 +14,7 @@ import torch
 
 from amopt.torch import AMAdamW
 
+torch.set_num_threads(1)  # a network this small runs fastest on one thread
 torch.manual_seed(0)
 teacher = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 X = torch.randn(2048, 16)

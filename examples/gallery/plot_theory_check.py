@@ -23,7 +23,7 @@ import numpy as np
 from amopt.problems import HuberRegression, check_fixed_cap
 
 prob = HuberRegression.planted(200, 10, noise=0.1, seed=0)
-checks = [check_fixed_cap(prob, T, seeds=5, beta_max=0.5) for T in (100, 300, 1000, 3000)]
+checks = [check_fixed_cap(prob, T, seeds=4, beta_max=0.5) for T in (100, 300, 1000, 2000)]
 for c in checks:
     print(c)
 
