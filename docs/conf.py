@@ -25,6 +25,10 @@ sys.path.insert(0, str(ROOT))  # the checkout's amopt, also when an older one is
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import amopt  # noqa: E402
+from sphinx_gallery.sorting import FunctionSortKey  # noqa: E402
+
+sys.path.insert(0, str(HERE / "_ext"))
+from gallery_order import gallery_key  # noqa: E402
 
 project = "amopt"
 author = "amopt developers"
@@ -130,7 +134,7 @@ sphinx_gallery_conf = {
     "download_all_examples": False,
     "remove_config_comments": True,
     "matplotlib_animations": False,
-    "within_subsection_order": "FileNameSortKey",
+    "within_subsection_order": FunctionSortKey(gallery_key, r="gallery order"),
     "show_memory": False,
     "min_reported_time": 1,
     "abort_on_example_error": True,
