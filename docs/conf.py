@@ -24,8 +24,9 @@ sys.path.insert(0, str(ROOT))  # the checkout's amopt, also when an older one is
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import amopt  # noqa: E402
 from sphinx_gallery.sorting import FunctionSortKey  # noqa: E402
+
+import amopt  # noqa: E402
 
 sys.path.insert(0, str(HERE / "_ext"))
 from gallery_order import gallery_key  # noqa: E402
@@ -62,8 +63,7 @@ myst_heading_anchors = 3
 _MATHJAX = importlib.util.find_spec("jupyter_server_mathjax")
 if _MATHJAX is None or not _MATHJAX.submodule_search_locations:
     raise RuntimeError(
-        "the docs serve MathJax from the jupyter-server-mathjax package: "
-        'pip install -e ".[docs]"'
+        'the docs serve MathJax from the jupyter-server-mathjax package: pip install -e ".[docs]"'
     )
 MATHJAX_DIR = Path(_MATHJAX.submodule_search_locations[0]) / "static"
 mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"  # the config it ships

@@ -9,10 +9,11 @@ Needs ``pip install playwright`` and a Chromium from the system (Debian:
 is downloaded. The site is served from 127.0.0.1 on a free port; any request to another host
 is refused and counts as a failure, so a page that needs the network fails here.
 
-Checked on the index, one API page, one gallery page and one user-guide page: the page loads; every image on it
-is loaded (``naturalWidth > 0``; the gallery page must have one at least); every math element
-is typeset by MathJax with no MathJax error (the API and gallery pages must have math); no
-console error, no page error, no failed request and no HTTP status >= 400. Then the site's
+Checked on the index, one API page, one gallery page and one user-guide page: the page
+loads; every image on it is loaded (``naturalWidth > 0``; the gallery and user-guide pages
+must have one at least); every math element is typeset by MathJax with no MathJax error
+(each of these pages has math); no console error, no page error, no failed request and no
+HTTP status >= 400. Then the site's
 search for ``AMAdamW`` must list the optimizer's API page. A full-page screenshot of each
 page is written to ``--out`` (default ``docs/_build/check``). Exit status 0 when all passes.
 """
@@ -42,12 +43,11 @@ SEARCH_TERM = "AMAdamW"
 SEARCH_TARGET = "api/generated/amopt.torch.AMAdamW.html"
 
 #: the elements Sphinx writes math into (MathJax adds spans of class "math" of its own)
-SPHINX_MATH = ".math.notranslate"
-
 MATH_STATE = """() => {
     const SPHINX_MATH = '.math.notranslate';
     const maths = [...document.querySelectorAll(SPHINX_MATH)];
-    const typeset = maths.filter(m => m.querySelector('.MathJax, .MathJax_Display, .MathJax_SVG, mjx-container'));
+    const typeset = maths.filter(
+        m => m.querySelector('.MathJax, .MathJax_Display, .MathJax_SVG, mjx-container'));
     return {
         total: maths.length,
         typeset: typeset.length,
@@ -81,8 +81,9 @@ def _find_chromium(given: str | None) -> str:
     raise SystemExit("no Chromium found: apt-get install chromium, or pass --chromium PATH")
 
 
-def _check_page(page, base: str, name: str, path: str, need_image: bool, need_math: bool,
-                out: Path) -> list[str]:
+def _check_page(
+    page, base: str, name: str, path: str, need_image: bool, need_math: bool, out: Path
+) -> list[str]:
     problems: list[str] = []
     page.goto(base + path, wait_until="load")
     page.wait_for_load_state("networkidle")
@@ -100,8 +101,10 @@ def _check_page(page, base: str, name: str, path: str, need_image: bool, need_ma
     if need_math and math["total"] == 0:
         problems.append(f"{name}: no math on the page")
     if math["typeset"] < math["total"]:
-        problems.append(f"{name}: {math['total'] - math['typeset']} of {math['total']} math "
-                        "elements not typeset")
+        problems.append(
+            f"{name}: {math['total'] - math['typeset']} of {math['total']} math "
+            "elements not typeset"
+        )
     if math["errors"]:
         problems.append(f"{name}: {math['errors']} MathJax errors")
     images = page.evaluate(IMAGES)
@@ -112,8 +115,10 @@ def _check_page(page, base: str, name: str, path: str, need_image: bool, need_ma
         problems.append(f"{name}: no image on the page")
     shot = out / f"{name}.png"
     page.screenshot(path=str(shot), full_page=True)
-    print(f"  {name}: {path}: {len(images)} images loaded, {math['typeset']}/{math['total']} "
-          f"math typeset, screenshot {shot}")
+    print(
+        f"  {name}: {path}: {len(images)} images loaded, {math['typeset']}/{math['total']} "
+        f"math typeset, screenshot {shot}"
+    )
     return problems
 
 
@@ -138,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=_find_chromium(args.chromium),
-                                        headless=True)
+            browser = p.chromium.launch(
+                executable_path=_find_chromium(args.chromium), headless=True
+            )
             context = browser.new_context(viewport={"width": 1280, "height": 900})
 
             def refuse_other_hosts(route) -> None:
@@ -151,13 +157,21 @@ def main(argv: list[str] | None = None) -> int:
 
             context.route("**/*", refuse_other_hosts)
             page = context.new_page()
-            page.on("console", lambda m: m.type == "error" and problems.append(
-                f"console error on {page.url}: {m.text}"))
+            page.on(
+                "console",
+                lambda m: (
+                    m.type == "error" and problems.append(f"console error on {page.url}: {m.text}")
+                ),
+            )
             page.on("pageerror", lambda e: problems.append(f"page error on {page.url}: {e}"))
-            page.on("requestfailed", lambda r: problems.append(
-                f"failed request: {r.url} ({r.failure})"))
-            page.on("response", lambda r: r.status >= 400 and problems.append(
-                f"HTTP {r.status}: {r.url}"))
+            page.on(
+                "requestfailed",
+                lambda r: problems.append(f"failed request: {r.url} ({r.failure})"),
+            )
+            page.on(
+                "response",
+                lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"),
+            )
 
             print(f"serving {site} at {base}")
             for name, path, need_image, need_math in PAGES:
@@ -173,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                 problems.append(f"search for {SEARCH_TERM}: no results ({type(exc).__name__})")
             hrefs = page.eval_on_selector_all("#search-results li a", "as => as.map(a => a.href)")
             hit = any(SEARCH_TARGET in h for h in hrefs)
-            print(f"  search {SEARCH_TERM!r}: {len(hrefs)} results, API page "
-                  f"{'found' if hit else 'NOT found'}")
+            print(
+                f"  search {SEARCH_TERM!r}: {len(hrefs)} results, API page "
+                f"{'found' if hit else 'NOT found'}"
+            )
             if not hit:
                 problems.append(f"search for {SEARCH_TERM} does not list {SEARCH_TARGET}")
             page.screenshot(path=str(out / "search.png"), full_page=False)

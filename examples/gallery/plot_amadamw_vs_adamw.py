@@ -25,7 +25,10 @@ with torch.no_grad():
 def make_model():
     torch.manual_seed(1)
     return torch.nn.Sequential(
-        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(16, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
         torch.nn.Linear(64, 1),
     )
 

@@ -44,8 +44,9 @@ def recorder(out):
 runs, gaps = {}, {}
 for name, (method, opts) in settings.items():
     gaps[name] = []
-    runs[name] = amopt.minimize(fun, x0, jac=jac, method=method, options={**common, **opts},
-                                callback=recorder(gaps[name]))
+    runs[name] = amopt.minimize(
+        fun, x0, jac=jac, method=method, options={**common, **opts}, callback=recorder(gaps[name])
+    )
 
 # %%
 # The final gaps :math:`f(x_T) - f^*` after 1000 iterations:

@@ -43,9 +43,13 @@ for name, method, opts in (
 ):
     fs = []
     t0 = time.perf_counter()
-    amopt.minimize(prob, x0, method=method,
-                   options={"lr": 1 / prob.L, "maxiter": T, "gtol": 0, **opts},
-                   callback=recorder(fs))
+    amopt.minimize(
+        prob,
+        x0,
+        method=method,
+        options={"lr": 1 / prob.L, "maxiter": T, "gtol": 0, **opts},
+        callback=recorder(fs),
+    )
     seconds[name] = time.perf_counter() - t0
     curves[name] = np.array(fs)
 
@@ -53,8 +57,9 @@ for name, method, opts in (
 # L-BFGS-B through scipy, on the same objective and gradient:
 lbfgs = []
 t0 = time.perf_counter()
-ref = scipy.optimize.minimize(prob.value_and_grad, x0, jac=True, method="L-BFGS-B",
-                              callback=recorder(lbfgs))
+ref = scipy.optimize.minimize(
+    prob.value_and_grad, x0, jac=True, method="L-BFGS-B", callback=recorder(lbfgs)
+)
 seconds["L-BFGS-B"] = time.perf_counter() - t0
 curves["L-BFGS-B"] = np.array(lbfgs)
 
@@ -66,8 +71,8 @@ for name, fs in curves.items():
 # iterations; AM-MGD improves on the fixed-momentum baseline.
 fig, ax = plt.subplots(figsize=(7, 4))
 for name, fs in curves.items():
-    ax.semilogy(np.arange(1, len(fs) + 1), fs, label=name, marker="o" if name == "L-BFGS-B" else None,
-                ms=3)
+    marker = "o" if name == "L-BFGS-B" else None
+    ax.semilogy(np.arange(1, len(fs) + 1), fs, label=name, marker=marker, ms=3)
 ax.set(xlabel="iteration", ylabel="logistic loss f(x_t)", title="mushrooms, lr = 1/L")
 ax.legend()
 fig.tight_layout()

@@ -31,11 +31,22 @@ for c in checks:
 # Measured value (with its standard error over seeds) against the bound, per horizon T.
 T = np.array([c.T for c in checks])
 fig, ax = plt.subplots(figsize=(6.5, 4))
-ax.errorbar(T, [c.measured for c in checks], yerr=[c.stderr for c in checks], marker="o",
-            capsize=3, label=r"measured $E[f(\bar x_T) - f^*]$")
+ax.errorbar(
+    T,
+    [c.measured for c in checks],
+    yerr=[c.stderr for c in checks],
+    marker="o",
+    capsize=3,
+    label=r"measured $E[f(\bar x_T) - f^*]$",
+)
 ax.plot(T, [c.bound for c in checks], marker="s", label="bound (fixed cap)")
-ax.set(xscale="log", yscale="log", xlabel="T", ylabel="suboptimality",
-       title=r"simplified AM-SGD, $\beta_{\max} = 0.5$")
+ax.set(
+    xscale="log",
+    yscale="log",
+    xlabel="T",
+    ylabel="suboptimality",
+    title=r"simplified AM-SGD, $\beta_{\max} = 0.5$",
+)
 ax.legend()
 fig.tight_layout()
 plt.show()
