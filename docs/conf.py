@@ -156,7 +156,8 @@ html_theme_options = {
     "show_toc_level": 2,
     "navigation_with_keys": False,
     "header_links_before_dropdown": 7,
-    "secondary_sidebar_items": ["page-toc"],
+    # an API page is one object: its width goes to the signature and the math box
+    "secondary_sidebar_items": {"api/generated/*": []},
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }
