@@ -151,6 +151,8 @@ html_theme = "pydata_sphinx_theme"
 html_title = f"amopt {release}"
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
+# without an icon link a browser asks the server for /favicon.ico and logs a 404
+html_favicon = "_static/favicon.png"
 html_theme_options = {
     "navbar_align": "left",
     "show_toc_level": 2,

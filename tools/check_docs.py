@@ -107,6 +107,10 @@ def _check_page(
         )
     if math["errors"]:
         problems.append(f"{name}: {math['errors']} MathJax errors")
+    # without an icon link the browser asks for /favicon.ico, a 404 in every user's console
+    # (a request the routes above do not see)
+    if not page.evaluate("() => !!document.querySelector('link[rel~=\"icon\"]')"):
+        problems.append(f"{name}: no icon link (the browser asks for /favicon.ico)")
     images = page.evaluate(IMAGES)
     broken = [i["src"] for i in images if not (i["complete"] and i["width"] > 0)]
     if broken:
