@@ -58,7 +58,8 @@ am_losses, am_betas, am_full, names = train(AMAdamW)
 print(f"full-data loss after 300 steps: AdamW {adamw_full:.5f}, AMAdamW {am_full:.5f}")
 
 # %%
-# Loss curves (mini-batch loss, smoothed over 10 steps) and :math:`\beta_t` per tensor.
+# Loss curves (mini-batch loss, smoothed over 10 steps) and :math:`\beta_t` per tensor
+# (capped at ``betas[0] = 0.9``), and the share of steps each tensor spent at the cap.
 
 
 def smooth(values, k=10):
@@ -71,10 +72,15 @@ ax1.semilogy(smooth(adamw_losses), label="AdamW")
 ax1.semilogy(smooth(am_losses), label="AMAdamW")
 ax1.set(xlabel="step", ylabel="mini-batch MSE", title="training loss")
 ax1.legend()
-per_tensor = torch.tensor(am_betas)
-for j, name in enumerate(names):
-    ax2.plot(per_tensor[:, j], lw=0.8, label=name)
-ax2.set(xlabel="step", ylabel=r"$\beta_t$", title="AMAdamW: beta_t per tensor")
-ax2.legend(fontsize=7, ncol=2)
+per_tensor = torch.tensor(am_betas)  # (steps, tensors)
+# beta_t jumps from step to step: one row per tensor, coloured by beta_t
+image = ax2.imshow(per_tensor.T, aspect="auto", interpolation="nearest", vmin=0, vmax=0.9)
+ax2.set_yticks(range(len(names)), names, fontsize=8)
+ax2.set(xlabel="step", title=r"AMAdamW: $\beta_t$ per tensor")
+fig.colorbar(image, ax=ax2, label=r"$\beta_t$")
 fig.tight_layout()
 plt.show()
+
+for j, name in enumerate(names):
+    at_cap = (per_tensor[:, j] >= 0.9 - 1e-6).float().mean().item()
+    print(f"{name:9s} mean beta_t {per_tensor[:, j].mean().item():.3f}, at the cap {at_cap:.0%}")
