@@ -40,7 +40,7 @@ from amopt._core import (
 from amopt._finite_sum import FiniteSum
 from amopt._minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method, show_options
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"
 
 __all__ = [
     "AMAdamState",

@@ -56,7 +56,7 @@ def installed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(
         ROOT / "amopt", src / "amopt", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -115,14 +115,47 @@ def test_wheel_carries_the_bundled_data(installed):
 
 
 @pytest.mark.slow
-def test_wheel_carries_the_fused_kernels_built_at_install_time(installed):
-    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
-    assert {f"amopt/torch/csrc/{f}" for f in ("am_fused.c", "am_fused_kernels.h")} <= names
-    if not any(n.startswith("amopt/torch/_am_fused") for n in names):
-        pytest.skip("no C compiler: the kernels are left to the first use")
-    code = "from amopt.torch._fused import fused_status as s; print(s()['origin'])"
-    out = _run([installed["python"], "-c", code], installed["work"], installed["env"])
-    assert out.stdout.strip() == "installed"
+def test_wheel_is_pure_and_carries_the_kernel_sources(installed):
+    """A package index takes the wheel: pure Python, no compiled file, the C sources in it."""
+    wheel = installed["wheel"]
+    assert wheel.name == f"amopt-{amopt.__version__}-py3-none-any.whl", wheel.name
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib", ".dll"))]
+    assert {f"amopt/torch/csrc/{f}" for f in _fused_sources()} <= names
+    wheel_info = zipfile.ZipFile(wheel).read(f"amopt-{amopt.__version__}.dist-info/WHEEL")
+    assert b"Root-Is-Purelib: true" in wheel_info
+    assert "amopt/py.typed" in names
+    meta = zipfile.ZipFile(wheel).read(f"amopt-{amopt.__version__}.dist-info/METADATA").decode()
+    assert "License-Expression: BSD-3-Clause" in meta
+    assert "Classifier: Typing :: Typed" in meta
+    assert f"amopt-{amopt.__version__}.dist-info/licenses/LICENSE" in names
+
+
+def _fused_sources() -> tuple[str, ...]:
+    torch_dir = ROOT / "amopt" / "torch" / "csrc"
+    return tuple(sorted(p.name for p in torch_dir.iterdir() if p.suffix in (".c", ".h")))
+
+
+@pytest.mark.slow
+def test_installed_wheel_compiles_the_fused_kernels_at_first_use(installed, tmp_path):
+    """The installed package builds its kernels from the shipped sources into the cache."""
+    pytest.importorskip("torch")
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler: the kernels cannot be built here")
+    env = dict(installed["env"], AMOPT_KERNEL_CACHE=str(tmp_path / "kernels"))
+    code = (
+        "import json; from amopt.torch._fused import fused_status as s; "
+        "print(json.dumps({k: s()[k] for k in ('available', 'origin', 'path')}))"
+    )
+    out = _run([installed["python"], "-c", code], installed["work"], env)
+    status = json.loads(out.stdout.strip().splitlines()[-1])
+    assert status["available"] and status["origin"] == "cache", status
+    assert Path(status["path"]).parent == tmp_path / "kernels", status
+    # the second process finds the cached library (origin "cache" again, no new build)
+    built = sorted((tmp_path / "kernels").iterdir())
+    again = json.loads(_run([installed["python"], "-c", code], installed["work"], env)
+                       .stdout.strip().splitlines()[-1])  # fmt: skip
+    assert again == status and sorted((tmp_path / "kernels").iterdir()) == built
 
 
 @pytest.mark.slow

@@ -16,11 +16,12 @@ the last to the first for the same reason.
 
 Where the kernels come from, in order:
 
-* the library built when the package was installed (``pip install .`` or
-  ``pip install -e .`` build the optional extension ``amopt.torch._am_fused``, see
-  ``setup.py``), loaded from the package directory when neither the file nor that
-  directory is writable by another user;
-* otherwise a build with the system C compiler into a private cache directory,
+* a library ``amopt.torch._am_fused`` placed next to this module (the wheel is pure
+  Python and ships none; a packager may build one from ``csrc/``), loaded from the
+  package directory when neither the file nor that directory is writable by another
+  user;
+* otherwise (the usual case) a build with the system C compiler at first use into a
+  private cache directory,
   ``$AMOPT_KERNEL_CACHE`` or ``$XDG_CACHE_HOME/amopt/kernels`` (default
   ``~/.cache/amopt/kernels``): created with mode 0700, and refused when (links
   resolved) it is owned by another user, is writable by group or others, or sits below
@@ -100,9 +101,9 @@ __all__ = [
 
 ABI_VERSION = 6
 CSRC = Path(__file__).resolve().parent / "csrc"
-#: The kernel sources, hashed in this order (as ``setup.py`` does).
+#: The kernel sources, hashed in this order.
 SOURCES = ("am_fused.c", "am_fused_common.h", "am_fused_kernels.h", "am_fused_variant.h")
-#: Name of the extension built at install time (``setup.py``).
+#: Name of a library placed next to this module (none is built at install time).
 EXTENSION = "_am_fused"
 ISAS = ("base", "avx2", "avx512")
 _CPU_FEATURE_LEVELS = {"baseline": 0, "base": 0, "avx2": 1, "avx512": 2}
