@@ -217,6 +217,10 @@ def test_a_tensor_lr_is_read_when_the_operator_runs_and_refused_under_capture(mo
         _fused_ops._sgd_hyper(numbers, torch.tensor(0.25), False, False, None)
     with pytest.raises(ValueError, match="lr as a Tensor"):
         _fused_ops._adam_hyper(
-            [0.0, 1.0, 0.999, 1e-8, *numbers[2:]], torch.tensor(0.25), "decoupled", False, False,
+            [0.0, 1.0, 0.999, 1e-8, *numbers[2:]],
+            torch.tensor(0.25),
+            "decoupled",
+            False,
+            False,
             None,
         )

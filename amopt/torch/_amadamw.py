@@ -567,8 +567,9 @@ class AMAdamW(AMOptimizerBase):
             return False
         beta1, beta2 = (as_float(b) for b in group["betas"])
         check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)
-        stepped = [p for p in group["params"] if p in self.state]  # the plan's: all stepped
-        self._start_lr(group, stepped)  # as _init_group does
+        # the group's "prev_lr" is one tensor, held by every stepped parameter since the
+        # step that made the plan: one of them stands for all
+        stepped = [next(p for p in group["params"] if p in self.state)]
         h = _group_hyper(group, as_float(group["lr"]), beta2, self._lr_ratio(group, stepped))
         t = AdamTensors(plan.local_params, grads, *plan.tensors, [], [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))

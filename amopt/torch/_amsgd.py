@@ -528,8 +528,9 @@ class AMSGD(AMOptimizerBase):
         plan, grads = self._group_plan(group, flags)
         if plan is None:
             return False
-        stepped = [p for p in group["params"] if p in self.state]  # the plan's: all stepped
-        self._start_lr(group, stepped)  # as _init_group does
+        # the group's "prev_lr" is one tensor, held by every stepped parameter since the
+        # step that made the plan: one of them stands for all
+        stepped = [next(p for p in group["params"] if p in self.state)]
         h = _group_hyper(group, as_float(group["lr"]), beta_max, self._lr_ratio(group, stepped))
         t = SGDTensors(plan.local_params, grads, *plan.tensors, [])
         amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))

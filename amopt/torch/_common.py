@@ -1071,11 +1071,6 @@ class AMOptimizerBase(Optimizer):
             # (as _store_state writes: a plain copy_ of a state tensor was seen dropped
             # from a compiled step's graph)
             torch._foreach_copy_([record], [new])
-        elif torch.compiler.is_compiling():
-            # written as a multiply-add of the number, which the compiler takes as a
-            # graph input (a fill_ with it restarted the analysis)
-            torch._foreach_copy_([record], [record * 0.0 + lr])
-            return
         else:
             record.fill_(lr)
         if not isinstance(lr, Tensor):

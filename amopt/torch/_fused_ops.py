@@ -275,7 +275,7 @@ def fused_am_adamw_traced(
 def _ratio_arguments(h: Any, lr: float, numbers_of: Any) -> tuple[Tensor | None, list[float]]:
     """``prev_lr_tensor, numbers`` of a fused operator: a tensor ``h.lr_ratio`` (the
     previous lr of a compiled step) goes as a tensor, r formed when the step runs."""
-    prev_lr_tensor, ratio = _lr(h.lr_ratio)
+    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
     return prev_lr_tensor, numbers_of(h, lr, ratio)
 
 
@@ -335,13 +335,21 @@ def _lr(lr: Any) -> tuple[Tensor | None, float]:
     return None, float(lr)
 
 
+def _prev_lr(ratio: Any) -> tuple[Tensor | None, float]:
+    """A tensor ``lr_ratio`` (the previous lr of a compiled step: ``hyper_ratio``) goes
+    to the operator as it is (read there with ``float``), a number in ``numbers``."""
+    if isinstance(ratio, Tensor):
+        return ratio, 0.0
+    return None, float(ratio)
+
+
 def triton_am_adamw_traced(
     t: AdamTensors, h: AdamHyper, amp: Scaler
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The Triton AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
+    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
     numbers = _adam_numbers(h, lr, ratio)
     betas, prods = _triton_am_adamw_op(
         list(t.params),
@@ -400,7 +408,7 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
     """The Triton AMSGD step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
+    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
     betas = _triton_amsgd_op(
         list(t.params),
         list(t.grads),
@@ -489,7 +497,7 @@ def triton_am_adamw_layers_traced(
     stored into the state tensors ``betas`` and ``t.beta1_prods``."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
+    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
     _triton_am_adamw_layers_op(
         list(t.params),
         list(t.grads),
@@ -548,7 +556,7 @@ def triton_amsgd_layers_traced(
     state tensors ``betas``."""
     c: Any = h.config
     lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _lr(h.lr_ratio)  # a tensor: the previous lr itself
+    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
     _triton_amsgd_layers_op(
         list(t.params),
         list(t.grads),
