@@ -97,13 +97,6 @@ def minimize(
         :math:`g + \mu x`, while ``res.fun`` and ``res.jac`` stay the values
         of ``fun`` and ``jac`` (see each method's options).
 
-    Notes
-    -----
-    The methods and their options, with their defaults (``lr=None``: see each
-    method; :func:`amopt.show_options` describes every option):
-
-    {METHOD_OPTIONS}
-
     Returns
     -------
     res : scipy.optimize.OptimizeResult
@@ -113,6 +106,13 @@ def minimize(
         array (shape ``(nit,)``, or ``(nit, len(x0))`` with ``per_layer``). A run
         that meets a NaN or infinity stops with status 2 and returns the last
         finite iterate (``x0`` itself, unchanged, when it holds one).
+
+    Notes
+    -----
+    The methods and their options, with their defaults (``lr=None``: see each
+    method; :func:`amopt.show_options` describes every option):
+
+    {METHOD_OPTIONS}
 
     Examples
     --------
