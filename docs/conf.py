@@ -30,6 +30,9 @@ import amopt  # noqa: E402
 
 sys.path.insert(0, str(HERE / "_ext"))
 from gallery_order import gallery_key  # noqa: E402
+from minimize_methods import write_pages  # noqa: E402
+
+write_pages(HERE / "api" / "minimize")  # one page per minimize method (generated)
 
 project = "amopt"
 author = "amopt developers"
