@@ -185,6 +185,15 @@ class HeavyBallState(NamedTuple):
 
     ``d`` holds zeros before the first step (which sets ``d = g``): the state has the
     same structure at every step.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import heavy_ball_init, heavy_ball_step
+    >>> x = np.array([1.0, -2.0])
+    >>> x, state = heavy_ball_step(x, 2 * x, heavy_ball_init(x), lr=0.1, beta=0.9)
+    >>> state.step, state.d[0].tolist()
+    (1, [2.0, -4.0])
     """
 
     step: int
@@ -215,7 +224,16 @@ def gd_step(params: Any, grads: Any, *, lr: float, weight_decay: float = 0.0) ->
 
 
 def heavy_ball_init(params: Any) -> HeavyBallState:
-    """Initial state: zero buffers and ``step = 0`` (step 0 sets ``d = g``)."""
+    """Initial state: zero buffers and ``step = 0`` (step 0 sets ``d = g``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import heavy_ball_init
+    >>> state = heavy_ball_init((np.ones(2), np.ones((2, 3))))
+    >>> state.step, [d.shape for d in state.d]
+    (0, [(2,), (2, 3)])
+    """
     xs, _ = as_tuple(params)
     xp = array_namespace(*xs)
     return HeavyBallState(step=0, d=tuple(xp.zeros_like(x) for x in xs))
@@ -335,6 +353,16 @@ class AMState(NamedTuple):
     lr_prev : float
         The learning rate of the previous step, for the linearised numerator's
         :math:`r = \eta_{t-1}/\eta_t` under a schedule; NaN before the first step.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import AMState
+    >>> state = AMState(step=0, d=(np.zeros(2),))
+    >>> state.d_from_g, state.f_prev
+    (True, nan)
+    >>> state._replace(step=1).step
+    1
     """
 
     step: int
@@ -348,6 +376,17 @@ def am_momentum_init(params: Any, d0: Any = None) -> AMState:
     """Initial AM state.
 
     ``d0`` (e.g. zeros, as in the theory of Section 3.5) replaces ``d_0 = g_0``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import am_momentum_init
+    >>> x = np.array([1.0, -2.0])
+    >>> state = am_momentum_init(x)
+    >>> state.step, state.d[0].tolist(), state.d_from_g
+    (0, [0.0, 0.0], True)
+    >>> am_momentum_init(x, d0=np.array([0.5, 0.5])).d_from_g
+    False
     """
     xs, _ = as_tuple(params)
     xp = array_namespace(*xs)
@@ -775,7 +814,19 @@ def am_momentum_apply(
 
 
 class AdamState(NamedTuple):
-    """State of Adam / AdamW: ``step`` and the per-array ``exp_avg``, ``exp_avg_sq``."""
+    """State of Adam / AdamW: ``step`` and the per-array ``exp_avg``, ``exp_avg_sq``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import adam_init, adam_step
+    >>> x = np.array([1.0, -1.0])
+    >>> x, state = adam_step(x, 2 * x, adam_init(x), lr=0.1)
+    >>> state.step, np.round(state.exp_avg[0], 6).tolist()
+    (1, [0.2, -0.2])
+    >>> np.round(state.exp_avg_sq[0], 6).tolist()
+    [0.004, 0.004]
+    """
 
     step: int
     exp_avg: tuple[Array, ...]
@@ -783,7 +834,16 @@ class AdamState(NamedTuple):
 
 
 def adam_init(params: Any) -> AdamState:
-    """Zero moment estimates, as ``torch.optim.Adam``."""
+    """Zero moment estimates, as ``torch.optim.Adam``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import adam_init
+    >>> state = adam_init(np.array([1.0, -1.0]))
+    >>> state.step, state.exp_avg[0].tolist(), state.exp_avg_sq[0].tolist()
+    (0, [0.0, 0.0], [0.0, 0.0])
+    """
     xs, _ = as_tuple(params)
     xp = array_namespace(*xs)
     zeros = tuple(xp.zeros_like(x) for x in xs)
@@ -874,6 +934,16 @@ class AMAdamState(NamedTuple):
     lr_prev : float
         The learning rate of the previous step, for the linearised numerator's
         :math:`r = \eta_{t-1}/\eta_t` under a schedule; NaN before the first step.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import am_adam_init
+    >>> state = am_adam_init((np.ones(2), np.ones(3)))
+    >>> state.step, [float(p) for p in state.beta1_prod]
+    (0, [1.0, 1.0])
+    >>> state.f_prev
+    nan
     """
 
     step: int
@@ -885,7 +955,18 @@ class AMAdamState(NamedTuple):
 
 
 def am_adam_init(params: Any) -> AMAdamState:
-    """Zero moment estimates and products of one."""
+    """Zero moment estimates and products of one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt import am_adam_init
+    >>> state = am_adam_init(np.array([1.0, -1.0]))
+    >>> state.exp_avg[0].tolist(), state.exp_avg_sq[0].tolist()
+    ([0.0, 0.0], [0.0, 0.0])
+    >>> float(state.beta1_prod[0])
+    1.0
+    """
     xs, _ = as_tuple(params)
     xp = array_namespace(*xs)
     base = adam_init(params)

@@ -46,13 +46,53 @@ _CACHE_ENV_VAR = "AMOPT_CACHE_DIR"
 
 
 class DownloadError(OSError):
-    """A data file could not be downloaded (offline, unreachable URL, HTTP error)."""
+    """A data file could not be downloaded (offline, unreachable URL, HTTP error).
+
+    Examples
+    --------
+    A mirror (here an empty local folder, as a ``file:`` URL) without the file:
+
+    >>> import pathlib, tempfile
+    >>> from amopt.datasets import (
+    ...     DownloadError, LibsvmDataset, fetch_libsvm, register_dataset)
+    >>> entry = LibsvmDataset("toy-missing", "binary/toy-missing", n_samples=2,
+    ...                       n_features=2, labels="pm1")
+    >>> register_dataset(entry, overwrite=True)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     mirror = pathlib.Path(tmp, "mirror").as_uri()
+    ...     try:
+    ...         fetch_libsvm("toy-missing", cache_dir=tmp, base_url=mirror)
+    ...     except DownloadError as err:
+    ...         print(str(err).startswith("could not download file:"), isinstance(err, OSError))
+    True True
+    """
 
 
 class ChecksumError(OSError):
     """A downloaded or cached file is not the registered one: its SHA-256 differs from the
     registered (or recorded) one, or, where none is known, it does not hold the registry's
-    number of samples."""
+    number of samples.
+
+    Examples
+    --------
+    A file in the data folder whose SHA-256 is not the registered one:
+
+    >>> import pathlib, tempfile
+    >>> from amopt.datasets import (
+    ...     ChecksumError, LibsvmDataset, fetch_libsvm, register_dataset)
+    >>> entry = LibsvmDataset("toy-corrupt", "binary/toy-corrupt", n_samples=2,
+    ...                       n_features=2, labels="pm1", sha256="0" * 64)
+    >>> register_dataset(entry, overwrite=True)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     folder = pathlib.Path(tmp, "libsvm")
+    ...     folder.mkdir()
+    ...     _ = (folder / "toy-corrupt").write_text("+1 1:0.5\\n-1 2:1.5\\n")
+    ...     try:
+    ...         fetch_libsvm("toy-corrupt", cache_dir=tmp, download=False)
+    ...     except ChecksumError as err:
+    ...         print("has sha256" in str(err), isinstance(err, OSError))
+    True True
+    """
 
 
 def _check_dir_arg(name: str, value: Any) -> Path:
@@ -167,6 +207,16 @@ def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
     -------
     str
         64 lowercase hexadecimal digits.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from amopt.datasets import sha256_file
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = pathlib.Path(tmp, "file")
+    ...     _ = path.write_bytes(b"abc")
+    ...     sha256_file(path)
+    'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
     """
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -56,6 +56,17 @@ class LibsvmDataset:
     ValueError
         If a field is invalid (e.g. ``n_features < 1``, an unknown ``labels``
         convention, a ``sha256`` that is not 64 hexadecimal digits).
+
+    Examples
+    --------
+    >>> from amopt.datasets import LibsvmDataset
+    >>> entry = LibsvmDataset("toy", "binary/toy", n_samples=2, n_features=2, labels="pm1")
+    >>> entry.file_name, entry.url("https://mirror.example/libsvm")
+    ('toy', 'https://mirror.example/libsvm/binary/toy')
+    >>> LibsvmDataset("toy", "binary/toy", n_samples=2, n_features=0, labels="pm1")
+    Traceback (most recent call last):
+    ...
+    ValueError: LibsvmDataset n_features must be a positive int, got 0
     """
 
     name: str
@@ -192,6 +203,28 @@ def register_dataset(entry: LibsvmDataset, *, overwrite: bool = False) -> None:
     ------
     ValueError
         If a data set of that name exists and ``overwrite`` is false.
+
+    Examples
+    --------
+    A file placed by hand in a data folder, registered with its SHA-256, is then
+    found offline:
+
+    >>> import pathlib, tempfile
+    >>> from amopt.datasets import (
+    ...     LibsvmDataset, fetch_libsvm, register_dataset, sha256_file)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     folder = pathlib.Path(tmp, "libsvm")
+    ...     folder.mkdir()
+    ...     _ = (folder / "toy").write_text("+1 1:0.5\\n-1 2:1.5\\n")
+    ...     entry = LibsvmDataset("toy", "binary/toy", n_samples=2, n_features=2,
+    ...                           labels="pm1", sha256=sha256_file(folder / "toy"))
+    ...     register_dataset(entry, overwrite=True)
+    ...     fetch_libsvm("toy", cache_dir=tmp, download=False).name
+    'toy'
+    >>> register_dataset(entry)
+    Traceback (most recent call last):
+    ...
+    ValueError: data set 'toy' is already registered (pass overwrite=True)
     """
     if not isinstance(entry, LibsvmDataset):
         raise TypeError(f"entry must be a LibsvmDataset, got {type(entry).__name__}")

@@ -31,6 +31,24 @@ class Problem:
     backend (NumPy, PyTorch, CuPy, array-api-strict) and answers in the same
     namespace, dtype and device; values are 0-d arrays (for NumPy input a
     ``numpy.float64``). Python sequences are converted to float64 NumPy arrays.
+
+    Examples
+    --------
+    A subclass only needs :attr:`dim` and :meth:`value_and_grad`:
+
+    >>> import numpy as np
+    >>> from amopt.problems import Problem
+    >>> class SumOfSquares(Problem):
+    ...     dim = 2
+    ...
+    ...     def value_and_grad(self, x):
+    ...         x = np.asarray(x, dtype=np.float64)
+    ...         return np.sum(x * x), 2 * x
+    >>> prob = SumOfSquares()
+    >>> float(prob.fun([1.0, 2.0])), prob.grad(np.array([1.0, 2.0])).tolist()
+    (5.0, [2.0, 4.0])
+    >>> float(prob(np.ones(2)))  # calling a problem is fun
+    2.0
     """
 
     #: Number of variables.
@@ -82,6 +100,23 @@ class FiniteSumProblem(Problem):
     :meth:`value_and_grad` (the full objective) and
     :meth:`batch_value_and_grad` (the mean of :math:`f_i` over an index array
     plus the regulariser :math:`r`).
+
+    Examples
+    --------
+    :class:`LogisticRegression` is a finite sum over its rows; the batch over
+    every row is the full objective:
+
+    >>> import numpy as np
+    >>> from amopt.problems import FiniteSumProblem, LogisticRegression
+    >>> X = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5]])
+    >>> prob = LogisticRegression(X, np.array([1, 2, 2, 1]), l2=0.1)
+    >>> isinstance(prob, FiniteSumProblem), prob.n_samples
+    (True, 4)
+    >>> x = np.array([0.5, -0.5])
+    >>> f, g = prob.value_and_grad(x)
+    >>> fb, gb = prob.batch_value_and_grad(x, np.arange(prob.n_samples))
+    >>> bool(np.isclose(f, fb)), bool(np.allclose(g, gb))
+    (True, True)
     """
 
     #: Number of terms ``n``.

@@ -93,7 +93,24 @@ class _Notice:
 
 
 class ReferenceSolutionWarning(UserWarning):
-    """The reference solve stopped before reaching its gradient tolerance."""
+    """The reference solve stopped before reaching its gradient tolerance.
+
+    Examples
+    --------
+    On separable data without an L2 term the logistic loss has no minimiser,
+    so an unreachable ``gtol`` is reported with this warning:
+
+    >>> import warnings
+    >>> import numpy as np
+    >>> from amopt.problems import LogisticRegression, ReferenceSolutionWarning
+    >>> X = np.array([[1.0], [2.0], [-1.0], [-2.0]])
+    >>> prob = LogisticRegression(X, np.array([1, 1, 0, 0]))
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always", ReferenceSolutionWarning)
+    ...     sol = prob.reference_solution(gtol=1e-100, maxiter=5, cache=False)
+    >>> [w.category.__name__ for w in caught], sol.converged
+    (['ReferenceSolutionWarning'], False)
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +131,15 @@ class ReferenceSolution:
         ``grad_norm <= gtol``.
     nit : int
         L-BFGS-B iterations (0 when loaded from a cache or known analytically).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from amopt.problems import LeastSquares
+    >>> X = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    >>> sol = LeastSquares(X, np.array([1.0, 2.0, 3.0])).reference_solution()
+    >>> np.round(sol.x, 12).tolist(), round(sol.fun, 12), sol.converged, sol.nit
+    ([1.0, 2.0], 0.0, True, 0)
     """
 
     x: np.ndarray

@@ -59,6 +59,15 @@ class TheoremCheck:
         The per-seed values whose mean is ``measured`` (3.2: at the minimising ``t``).
     constants : dict
         The constants that enter the bound (``G2``, ``L``, ``dist0_sq``, ...).
+
+    Examples
+    --------
+    >>> from amopt.problems import HuberRegression, check_theorem_3_1
+    >>> res = check_theorem_3_1(HuberRegression.planted(100, 5, seed=0), T=100, seeds=3)
+    >>> res.theorem, res.T, res.seeds, res.per_seed.shape
+    ('3.1', 100, (0, 1, 2), (3,))
+    >>> res.passed == (res.measured <= res.bound), sorted(res.constants)
+    (True, ['G2', 'dist0_sq', 'f_star'])
     """
 
     theorem: str
