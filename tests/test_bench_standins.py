@@ -383,7 +383,12 @@ def test_compiled_host_case_steps_through_the_operator():
     assert sum(case.launches.values()) - launched == 2 * launched  # the same per step
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
-    assert all(torch.equal(a, p) for a, p in zip(before, case.params, strict=True))
+    # bit for bit: the case's parameters are untouched memory (torch.empty), which may
+    # hold NaN patterns that equal themselves only as bits
+    assert all(
+        torch.equal(a.view(torch.uint8), p.detach().view(torch.uint8))
+        for a, p in zip(before, case.params, strict=True)
+    )
 
 
 @needs_triton
