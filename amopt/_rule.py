@@ -247,7 +247,7 @@ def adam_weights(
     lam, wd = float(cfg.lam), float(weight_decay)
     if exact:
         return (-1.0, -lam, -wd)
-    if isinstance(lr_ratio, (int, float)) and lr_ratio == 1.0:
+    if _is_one(lr_ratio):
         return (1.0, -lam, wd * lr, wd * (2.0 + wd * lr), -wd)
     extra = (lr_ratio - 1.0) * (1.0 + wd * lr)
     return (1.0, -lam, wd * lr + extra, wd * (2.0 + wd * lr) + wd * extra, -wd)

@@ -27,6 +27,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +152,7 @@ def get_cache_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     >>> str(get_cache_home("/tmp/amopt-cache"))
     '/tmp/amopt-cache'
     """
-    if cache_dir is not None:
-        return _check_dir_arg("cache_dir", cache_dir)
-    env = os.environ.get(_CACHE_ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    return user_cache_dir()
+    return _home(cache_dir, _CACHE_ENV_VAR, user_cache_dir)
 
 
 def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -185,12 +181,18 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     >>> str(get_data_home("/tmp/amopt-data"))
     '/tmp/amopt-data'
     """
+    return _home(cache_dir, _ENV_VAR, get_cache_home)
+
+
+def _home(cache_dir: Any, env_var: str, default: Callable[[], Path]) -> Path:
+    """The argument ``cache_dir``, else the environment variable ``env_var``, else
+    ``default()``: the resolution order of both homes."""
     if cache_dir is not None:
         return _check_dir_arg("cache_dir", cache_dir)
-    env = os.environ.get(_ENV_VAR)
+    env = os.environ.get(env_var)
     if env:
         return Path(env).expanduser()
-    return get_cache_home()
+    return default()
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:

@@ -226,6 +226,7 @@ def _(params, *args):  # noqa: ANN001, ANN002, ANN202
 def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
     """The fused AMSGD step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
+    _, prev_lr_tensor, numbers = _rates(h, _sgd_numbers, lr_as_tensor=False)
     betas = _fused_amsgd_op(
         list(t.params),
         list(t.grads),
@@ -233,7 +234,8 @@ def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
         list(t.state_steps),
         amp.grad_scale,
         amp.found_inf,
-        *_ratio_arguments(h, float(h.lr), _sgd_numbers),
+        prev_lr_tensor,
+        numbers,
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -252,7 +254,7 @@ def fused_am_adamw_traced(
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The fused AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
-    prev_lr_tensor, numbers = _ratio_arguments(h, float(h.lr), _adam_numbers)
+    _, prev_lr_tensor, numbers = _rates(h, _adam_numbers, lr_as_tensor=False)
     betas, prods = _fused_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -270,13 +272,6 @@ def fused_am_adamw_traced(
         c.variant,
     )
     return list(betas.unbind()), list(prods.unbind())
-
-
-def _ratio_arguments(h: Any, lr: float, numbers_of: Any) -> tuple[Tensor | None, list[float]]:
-    """``prev_lr_tensor, numbers`` of a fused operator: a tensor ``h.lr_ratio`` (the
-    previous lr of a compiled step) goes as a tensor, r formed when the step runs."""
-    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
-    return prev_lr_tensor, numbers_of(h, lr, ratio)
 
 
 # --------------------------------------------------------------------------- Triton (GPU)
@@ -335,6 +330,17 @@ def _lr(lr: Any) -> tuple[Tensor | None, float]:
     return None, float(lr)
 
 
+def _rates(
+    h: Any, numbers_of: Callable[..., list[float]], *, lr_as_tensor: bool = True
+) -> tuple[Tensor | None, Tensor | None, list[float]]:
+    """``lr_tensor, prev_lr_tensor, numbers`` of an operator's call: a tensor ``lr`` as a
+    tensor where the operator takes one (the Triton ones; the fused CPU ones take it as a
+    number), the previous lr's tensor (:func:`_prev_lr`), and ``numbers_of(h, lr, r)``."""
+    lr_tensor, lr = _lr(h.lr) if lr_as_tensor else (None, float(h.lr))
+    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
+    return lr_tensor, prev_lr_tensor, numbers_of(h, lr, ratio)
+
+
 def _prev_lr(ratio: Any) -> tuple[Tensor | None, float]:
     """A tensor ``lr_ratio`` (the previous lr of a compiled step: ``hyper_ratio``) goes
     to the operator as it is (read there with ``float``), a number in ``numbers``."""
@@ -348,9 +354,7 @@ def triton_am_adamw_traced(
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The Triton AM-AdamW step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
-    lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
-    numbers = _adam_numbers(h, lr, ratio)
+    lr_tensor, prev_lr_tensor, numbers = _rates(h, _adam_numbers)
     betas, prods = _triton_am_adamw_op(
         list(t.params),
         list(t.grads),
@@ -407,8 +411,7 @@ def _(params, *args):  # noqa: ANN001, ANN002, ANN202
 def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
     """The Triton AMSGD step through the operator (what ``torch.compile`` traces)."""
     c: Any = h.config
-    lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
+    lr_tensor, prev_lr_tensor, numbers = _rates(h, _sgd_numbers)
     betas = _triton_amsgd_op(
         list(t.params),
         list(t.grads),
@@ -418,7 +421,7 @@ def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]
         amp.found_inf,
         lr_tensor,
         prev_lr_tensor,
-        _sgd_numbers(h, lr, ratio),
+        numbers,
         bool(h.maximize),
         bool(c.per_layer),
         c.variant,
@@ -496,8 +499,7 @@ def triton_am_adamw_layers_traced(
     """The per-layer Triton AM-AdamW step through the operator, the betas and products
     stored into the state tensors ``betas`` and ``t.beta1_prods``."""
     c: Any = h.config
-    lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
+    lr_tensor, prev_lr_tensor, numbers = _rates(h, _adam_numbers)
     _triton_am_adamw_layers_op(
         list(t.params),
         list(t.grads),
@@ -510,7 +512,7 @@ def triton_am_adamw_layers_traced(
         amp.found_inf,
         lr_tensor,
         prev_lr_tensor,
-        _adam_numbers(h, lr, ratio),
+        numbers,
         h.weight_decay_mode,
         bool(h.maximize),
         c.variant,
@@ -555,8 +557,7 @@ def triton_amsgd_layers_traced(
     """The per-layer Triton AMSGD step through the operator, the betas stored into the
     state tensors ``betas``."""
     c: Any = h.config
-    lr_tensor, lr = _lr(h.lr)
-    prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
+    lr_tensor, prev_lr_tensor, numbers = _rates(h, _sgd_numbers)
     _triton_amsgd_layers_op(
         list(t.params),
         list(t.grads),
@@ -567,7 +568,7 @@ def triton_amsgd_layers_traced(
         amp.found_inf,
         lr_tensor,
         prev_lr_tensor,
-        _sgd_numbers(h, lr, ratio),
+        numbers,
         bool(h.maximize),
         c.variant,
     )

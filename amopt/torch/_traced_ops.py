@@ -244,7 +244,7 @@ def _extra(kwargs: dict[str, Any]) -> tuple[float, Tensor | None, Tensor | None]
     return float(ratio), kwargs.get("first"), None
 
 
-def ratio_of(lr_ratio: float, ratio: Tensor | None, lr: Any = None) -> float:
+def ratio_of(lr_ratio: float, ratio: Tensor | None) -> float:
     r""":math:`r = \eta_{t-1}/\eta_t`: ``lr_ratio``, or, for a step ``torch.compile``
     traced, the 0-d tensor ``ratio`` the graph formed (``amopt.torch._common.hyper_ratio``),
     read when the operator runs: the graph then holds no number that changes with the
