@@ -74,3 +74,25 @@ def data_dir() -> Path:
     if not DATA_DIR.is_dir():
         pytest.skip(f"shared data directory not found at {DATA_DIR}")
     return DATA_DIR
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """The optimizers' default path is the Triton one, in Triton's interpreter on CPU
+    tensors, chosen where a CUDA group would choose it
+    (``amopt.bench._host.triton_on_cpu``), with small blocks so that every kernel
+    covers whole and partial chunks; skips where the driver cannot run here."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import torch
+
+    from amopt.bench._host import triton_on_cpu
+    from amopt.torch import _triton as tri
+
+    monkeypatch.setattr(tri, "BLOCK", 16)
+    monkeypatch.setattr(tri, "CHUNK", 32)
+    monkeypatch.setattr(tri, "SEGMENT_ROWS", 4)
+    with triton_on_cpu(stub=False):
+        if tri.available([torch.zeros(1)]) is not None:
+            pytest.skip(tri.available([torch.zeros(1)]))
+        yield

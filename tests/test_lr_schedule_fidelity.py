@@ -417,18 +417,15 @@ def _zero_layer_oracle(X, Y):
     return oracle
 
 
-@pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("cls", [AMAdamW, AMAdam])
-def test_zero_first_gradient_keeps_the_bias_correction(cls, path):
-    """A layer whose first gradient is exactly zero (behind a zero-initialised output
-    layer): its first beta is beta1_max, so beta1_prod keeps Adam's bias correction,
-    and every path follows the oracle (before, beta = 0 made its updates ~5x smaller)."""
+def _zero_layer_run(cls, kwargs, n_steps):
+    """``cls`` on the zero-output-layer network: the iterates, the betas of every step
+    and the optimizer; the first layer's first gradient is checked to be exactly 0."""
     X, Y, x0 = _zero_layer_data()
     params = [torch.nn.Parameter(torch.tensor(a)) for a in x0]
-    opt = cls(params, lr=0.01, lam=0.1, weight_decay=0.01, **PATHS[path])
+    opt = cls(params, lr=0.01, lam=0.1, weight_decay=0.01, **kwargs)
     Xt, Yt = torch.tensor(X), torch.tensor(Y)
     got, betas = [], []
-    for k in range(10):
+    for k in range(n_steps):
         opt.zero_grad()
         W, V = params
         out = torch.tanh(Xt[_batch(k)] @ W.T) @ V.T
@@ -440,34 +437,27 @@ def test_zero_first_gradient_keeps_the_bias_correction(cls, path):
         betas.append([float(b) for b in opt.latest_betas()[0]])
     mode = "decoupled" if cls is AMAdamW else "l2"
     want = run_am_adam(
-        _zero_layer_oracle(X, Y), x0, lr=0.01, n_steps=10, lam=0.1, weight_decay=0.01,
+        _zero_layer_oracle(X, Y), x0, lr=0.01, n_steps=n_steps, lam=0.1, weight_decay=0.01,
         weight_decay_mode=mode, per_layer=True,
     )  # fmt: skip
+    return got, np.array(betas), want, opt
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("cls", [AMAdamW, AMAdam])
+def test_zero_first_gradient_keeps_the_bias_correction(cls, path):
+    """A layer whose first gradient is exactly zero (behind a zero-initialised output
+    layer): its first beta is beta1_max, so beta1_prod keeps Adam's bias correction,
+    and every path follows the oracle (before, beta = 0 made its updates ~5x smaller)."""
+    got, betas, want, opt = _zero_layer_run(cls, PATHS[path], 10)
     assert want["betas"][0, 0] == 0.9
-    assert float(opt.state[params[0]]["beta1_prod"]) > 0
-    _assert_matches(got, np.array(betas), want, True)
-
-
-@pytest.fixture
-def triton_path(monkeypatch):
-    """The optimizers' default path is the Triton one, in Triton's interpreter on CPU
-    tensors (as a CUDA group would choose it)."""
-    pytest.importorskip("triton")
-    from amopt.bench._host import triton_on_cpu
-    from amopt.torch import _triton as tri
-
-    monkeypatch.setattr(tri, "BLOCK", 16)
-    monkeypatch.setattr(tri, "CHUNK", 32)
-    monkeypatch.setattr(tri, "SEGMENT_ROWS", 4)
-    with triton_on_cpu(stub=False):
-        if tri.available([torch.zeros(1)]) is not None:
-            pytest.skip(tri.available([torch.zeros(1)]))
-        yield
+    assert float(opt.state[opt.param_groups[0]["params"][0]]["beta1_prod"]) > 0
+    _assert_matches(got, betas, want, True)
 
 
 @pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])
 @pytest.mark.parametrize("cls", [AMSGD, AMAdamW])
-def test_triton_path_under_a_schedule_matches_oracle(triton_path, cls, per_layer):
+def test_triton_path_under_a_schedule_matches_oracle(triton_interpreter, cls, per_layer):
     """The Triton driver (its first step, then its planned steps), the rule kernel with r a
     fourth input generated from the rule's tape."""
     lr = 1.0 if cls is AMSGD else 0.2
@@ -487,23 +477,7 @@ def test_triton_path_under_a_schedule_matches_oracle(triton_path, cls, per_layer
     _assert_matches(iterates, betas, want, per_layer)
 
 
-def test_triton_path_zero_first_gradient(triton_path):
-    X, Y, x0 = _zero_layer_data()
-    params = [torch.nn.Parameter(torch.tensor(a)) for a in x0]
-    opt = AMAdamW(params, lr=0.01, lam=0.1, weight_decay=0.01)
-    Xt, Yt = torch.tensor(X), torch.tensor(Y)
-    got, betas = [], []
-    for k in range(4):
-        opt.zero_grad()
-        W, V = params
-        out = torch.tanh(Xt[_batch(k)] @ W.T) @ V.T
-        (0.5 * ((out - Yt[_batch(k)]) ** 2).sum() / BATCH).backward()
-        opt.step()
-        got.append([p.detach().numpy().copy() for p in params])
-        betas.append([float(b) for b in opt.latest_betas()[0]])
-    want = run_am_adam(
-        _zero_layer_oracle(X, Y), x0, lr=0.01, n_steps=4, lam=0.1, weight_decay=0.01,
-        per_layer=True,
-    )  # fmt: skip
+def test_triton_path_zero_first_gradient(triton_interpreter):
+    got, betas, want, _ = _zero_layer_run(AMAdamW, {}, 4)
     assert betas[0][0] == 0.9
-    _assert_matches(got, np.array(betas), want, True)
+    _assert_matches(got, betas, want, True)

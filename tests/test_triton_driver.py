@@ -19,7 +19,6 @@ pytest.importorskip("triton")
 from torch._dynamo.utils import counters  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from amopt.bench._host import triton_on_cpu  # noqa: E402
 from amopt.torch import AMSGD, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
 
@@ -33,16 +32,9 @@ CASES = [
 
 
 @pytest.fixture(autouse=True)
-def triton_path(monkeypatch):
-    """The default path is the Triton one (on CPU tensors, in the interpreter), chosen
-    where a CUDA group would choose it (``amopt.bench._host.triton_on_cpu``)."""
-    monkeypatch.setattr(tri, "BLOCK", 16)
-    monkeypatch.setattr(tri, "CHUNK", 32)
-    monkeypatch.setattr(tri, "SEGMENT_ROWS", 4)
-    with triton_on_cpu(stub=False):
-        if tri.available([torch.zeros(1)]) is not None:
-            pytest.skip(tri.available([torch.zeros(1)]))
-        yield
+def triton_path(triton_interpreter):
+    """Every test here on the Triton path, in the interpreter (``conftest.py``)."""
+    yield
 
 
 class _Launches:
