@@ -13,6 +13,8 @@ from scipy.optimize import OptimizeWarning
 import amopt
 from amopt.problems import LeastSquares, Quadratic, Rosenbrock
 
+from oracle import run_am_mgd
+
 # ----------------------------------------------------------------------------- E
 
 
@@ -389,33 +391,17 @@ def test_default_minimize_is_at_least_as_fast_as_gd(n, d):
 def test_the_papers_exact_rule_is_one_option_away():
     prob = _ls(200, 20)
     opts = {"lr": 1 / prob.L, "maxiter": 5, "gtol": 0.0}
-    ref = _reference_am_mgd_exact(prob, 1 / prob.L, 5)
+    # the paper's Algorithm 1 (lam = 0, beta_max = 1, exact numerator): tests/oracle.py
+    ref = run_am_mgd(
+        lambda xs, t: (float(prob.fun(xs[0])), [prob.grad(xs[0])]),
+        [np.zeros(20)], lr=1 / prob.L, n_steps=5, numerator="exact",
+    )["betas"]  # fmt: skip
     res = amopt.minimize(
         prob, np.zeros(20), method="am-mgd", options={**opts, "numerator": "exact"}
     )
     np.testing.assert_allclose(res.betas, ref, rtol=1e-9, atol=1e-12)
     lin = amopt.minimize(prob, np.zeros(20), method="am-mgd", options=opts)
     assert not np.allclose(lin.betas[2:], ref[2:])
-
-
-def _reference_am_mgd_exact(prob, lr, T):
-    """The paper's Algorithm 1 (lam = 0, beta_max = 1, exact numerator): the betas."""
-    x = np.zeros(prob.dim)
-    d, f_prev, betas = None, None, []
-    for _ in range(T):
-        f, g = prob.value_and_grad(x)
-        f = float(f)
-        if d is None:
-            d = g.copy()
-        v = d - g
-        den = v @ v
-        num = g @ g if f_prev is None else (f_prev - f) / lr - v @ g
-        beta = 0.0 if den <= 1e-300 else min(max(num / den, 0.0), 1.0)
-        betas.append(beta)
-        d = g + beta * v
-        f_prev = f
-        x = x - lr * d
-    return np.array(betas)
 
 
 # ----------------------------------------------------------------------------- H
