@@ -8,11 +8,13 @@ and for each method the iterations and the time it takes to reach
 iterations:
 
 * ``gd``, ``mgd`` (damped momentum, ``beta = 0.9``), ``am-mgd`` with the paper's
-  exact numerator and with the linearised one, each at ``lr = 1/L``;
+  exact numerator (cap of beta 1) and with the linearised one at the cap 1, each at
+  ``lr = 1/L``;
 * ``heavy-ball`` and ``nesterov`` at their textbook tuning from :math:`L` and
   :math:`\mu` (:func:`textbook`): with :math:`\mu = 0` (not strongly convex, or
   not known) at ``lr = 1/L``, ``beta = 0.9``;
-* ``minimize`` with no method (the default a user gets, with ``lr = 1/L``);
+* ``minimize`` with no method (the default a user gets, with ``lr = 1/L``: AM-MGD,
+  linear numerator, cap of beta 0.998);
 * scipy's ``L-BFGS-B`` and ``CG`` on the same f and gradient (their ``nit``; each
   of their iterations is a line search of one or more evaluations, ``nfev``).
 
@@ -189,7 +191,9 @@ METHODS: dict[str, tuple[str, Callable[[float, float], dict] | None]] = {
     "heavy ball": ("heavy-ball", lambda L, mu: textbook("heavy-ball", L, mu)),
     "Nesterov": ("nesterov", lambda L, mu: textbook("nesterov", L, mu)),
     "AM-MGD exact": ("am-mgd", lambda L, mu: {"lr": 1.0 / L, "numerator": "exact"}),
-    "AM-MGD linear": ("am-mgd", lambda L, mu: {"lr": 1.0 / L, "numerator": "linear"}),
+    "AM-MGD linear, cap 1": (
+        "am-mgd", lambda L, mu: {"lr": 1.0 / L, "numerator": "linear", "beta_max": 1.0}
+    ),
     "default": ("", lambda L, mu: {"lr": 1.0 / L}),
     "L-BFGS-B": ("L-BFGS-B", None),
     "CG": ("CG", None),
