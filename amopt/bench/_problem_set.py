@@ -192,7 +192,8 @@ METHODS: dict[str, tuple[str, Callable[[float, float], dict] | None]] = {
     "Nesterov": ("nesterov", lambda L, mu: textbook("nesterov", L, mu)),
     "AM-MGD exact": ("am-mgd", lambda L, mu: {"lr": 1.0 / L, "numerator": "exact"}),
     "AM-MGD linear, cap 1": (
-        "am-mgd", lambda L, mu: {"lr": 1.0 / L, "numerator": "linear", "beta_max": 1.0}
+        "am-mgd",
+        lambda L, mu: {"lr": 1.0 / L, "numerator": "linear", "beta_max": 1.0},
     ),
     "default": ("", lambda L, mu: {"lr": 1.0 / L}),
     "L-BFGS-B": ("L-BFGS-B", None),
