@@ -51,6 +51,7 @@ extensions = [
     "sphinx_design",
     "sphinx_gallery.gen_gallery",
     "matplotlib.sphinxext.plot_directive",
+    "bench_table",  # docs/_ext: the performance tables, rendered from the bench's JSON
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
