@@ -70,27 +70,40 @@ class _Tables(HTMLParser):
             self._setup.append(data)
 
 
-def _render(tmp_path: Path, body: str, files: list[Path]) -> _Tables:
-    """Build a one-page Sphinx site whose page is ``body`` (reST), with ``files`` beside it."""
-    sphinx_app = pytest.importorskip("sphinx.application")
+def _build(src: Path, out: Path) -> str:
+    """Build the Sphinx project in ``src`` into ``out``; its warnings."""
+    testing = pytest.importorskip("sphinx.testing.util")
+    warnings = io.StringIO()
+    # SphinxTestApp undoes what a build registers in docutils, so builds can follow
+    app = testing.SphinxTestApp(
+        "html", srcdir=src, builddir=out, freshenv=True, status=io.StringIO(), warning=warnings
+    )
+    try:
+        app.build()
+    finally:
+        app.cleanup()
+    return warnings.getvalue()
+
+
+def _project(tmp_path: Path, body: str, files: list[Path]) -> Path:
+    """A one-page Sphinx project whose page is ``body`` (reST), with ``files`` beside it."""
     src = tmp_path / "src"
     src.mkdir()
     for f in files:
         shutil.copy(f, src / f.name)
     (src / "conf.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(DOCS / '_ext')!r})\n"
-        "extensions = ['bench_table']\n"
+        f"import sys\nsys.path.insert(0, {str(DOCS / '_ext')!r})\nextensions = ['bench_table']\n"
     )
     (src / "index.rst").write_text("Bench\n=====\n\n" + body)
-    warnings = io.StringIO()
-    app = sphinx_app.Sphinx(
-        str(src), str(src), str(tmp_path / "html"), str(tmp_path / "doctrees"), "html",
-        status=None, warning=warnings, freshenv=True,
-    )  # fmt: skip
-    app.build()
-    assert warnings.getvalue() == ""
+    return src
+
+
+def _render(tmp_path: Path, body: str, files: list[Path]) -> _Tables:
+    """The tables of a one-page site whose page is ``body``, built with no warning."""
+    src = _project(tmp_path, body, files)
+    assert _build(src, tmp_path / "build") == ""
     parser = _Tables()
-    parser.feed((tmp_path / "html" / "index.html").read_text(encoding="utf-8"))
+    parser.feed((tmp_path / "build" / "html" / "index.html").read_text(encoding="utf-8"))
     return parser
 
 
@@ -197,7 +210,10 @@ def test_the_rows_option_selects_by_pattern(tmp_path):
     payload = json.loads(files[0].read_text())
     keys = [r["key"] for r in payload["rows"]]
     first = keys[0].split("-")[0]  # a pattern that matches some rows
-    body = f".. bench-table:: {files[0].name}\n   :rows: {first}-* {keys[-1]}\n   :exclude: {keys[0]}\n"
+    body = (
+        f".. bench-table:: {files[0].name}\n"
+        f"   :rows: {first}-* {keys[-1]}\n   :exclude: {keys[0]}\n"
+    )
     parsed = _render(tmp_path, body, files[:1])
     shown = [c[0] for c in parsed.tables[0][1:]]
     expected = [k for k in keys if (k.startswith(f"{first}-") or k == keys[-1]) and k != keys[0]]
@@ -238,20 +254,27 @@ def test_rows_of_a_pattern_that_matches_nothing_fail_the_build(tmp_path):
     files = _bench_jsons()
     if not files:
         pytest.skip("no bench JSON under docs/_data")
-    sphinx_app = pytest.importorskip("sphinx.application")
-    src = tmp_path / "src"
-    src.mkdir()
-    shutil.copy(files[0], src / files[0].name)
-    (src / "conf.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(DOCS / '_ext')!r})\nextensions = ['bench_table']\n"
-    )
-    (src / "index.rst").write_text(
-        f"Bench\n=====\n\n.. bench-table:: {files[0].name}\n   :rows: no-such-row\n"
-    )
-    warnings = io.StringIO()
-    app = sphinx_app.Sphinx(
-        str(src), str(src), str(tmp_path / "html"), str(tmp_path / "doctrees"), "html",
-        status=None, warning=warnings, freshenv=True,
-    )  # fmt: skip
-    app.build()
-    assert "no row of" in warnings.getvalue()
+    body = f".. bench-table:: {files[0].name}\n   :rows: no-such-row\n"
+    src = _project(tmp_path, body, files[:1])
+    assert "no row of" in _build(src, tmp_path / "build")
+
+
+def test_the_performance_page_shows_every_row_of_its_json():
+    """No measured row is left out of docs/performance.md's tables, none is shown twice."""
+    import fnmatch
+
+    page = (DOCS / "performance.md").read_text()
+    blocks = re.findall(r"```\{bench-table\} (\S+)\n((?::[^\n]*\n)*)```", page)
+    assert blocks
+    shown: dict[str, list[str]] = {}
+    for name, options in blocks:
+        rows = json.loads((DOCS / name).read_text())["rows"]
+        pats = re.search(r"^:rows: (.*)$", options, flags=re.M)
+        for row in rows:
+            if pats is None or any(
+                fnmatch.fnmatchcase(row["key"], p) for p in pats.group(1).split()
+            ):
+                shown.setdefault(name, []).append(row["key"])
+    for name in {n for n, _ in blocks}:
+        keys = [r["key"] for r in json.loads((DOCS / name).read_text())["rows"]]
+        assert sorted(shown[name]) == sorted(keys), name

@@ -176,7 +176,8 @@ def problem_set_cells(payload: dict[str, Any]) -> list[list[str]]:
 
 
 def _table(header: list[str], body: list[list[str]], classes: list[str]) -> nodes.table:
-    table = nodes.table(classes=["bench-table", *classes])
+    # the cells hold code-like text (minimize(method='am-mgd')): no typographic quotes
+    table = nodes.table(classes=["bench-table", *classes], support_smartquotes=False)
     group = nodes.tgroup(cols=len(header))
     table += group
     for _ in header:
@@ -214,7 +215,9 @@ class _BenchDirective(SphinxDirective):
         return load(path)
 
     def _setup(self, payload: dict[str, Any]) -> nodes.paragraph:
-        return nodes.paragraph(text=setup_line(payload), classes=["bench-setup"])
+        return nodes.paragraph(
+            text=setup_line(payload), classes=["bench-setup"], support_smartquotes=False
+        )
 
 
 class BenchTable(_BenchDirective):
@@ -236,7 +239,7 @@ class BenchTable(_BenchDirective):
         if "no-setup" not in self.options:
             out.insert(0, self._setup(payload))
         if "notes" in self.options:
-            notes = nodes.bullet_list()
+            notes = nodes.bullet_list(support_smartquotes=False)
             for r in rows:
                 note = (r.get("measured") or {}).get("note")
                 if note:

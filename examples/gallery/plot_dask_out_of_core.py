@@ -36,8 +36,9 @@ da.to_npy_stack(f"{folder.name}/X", X_gen)
 da.to_npy_stack(f"{folder.name}/y", y_gen)
 X = da.from_npy_stack(f"{folder.name}/X")
 y = da.from_npy_stack(f"{folder.name}/y")
-print(f"X: {X.shape}, {X.numblocks[0]} chunks of {X.chunks[0][0]} rows, "
-      f"{X.nbytes / 2**20:.1f} MiB on disk, {X.blocks[0].nbytes / 2**20:.1f} MiB per chunk")  # fmt: skip
+mib = 2**20
+print(f"X: {X.shape}, {X.numblocks[0]} chunks of {X.chunks[0][0]} rows, {X.nbytes / mib:.1f} MiB")
+print(f"one chunk: {X.blocks[0].nbytes / mib:.1f} MiB")
 
 # %%
 # The same problem twice: on the dask arrays (each step one graph over the chunks) and on
@@ -77,8 +78,8 @@ print(f"dask:  {res_dask.nit} iterations, f = {float(res_dask.fun):.10f}, {t_das
 print(f"NumPy: {res_numpy.nit} iterations, f = {float(res_numpy.fun):.10f}, {t_numpy:.2f} s")
 diff = np.max(np.abs(x_dask - res_numpy.x))
 print(f"max |x_dask - x_numpy| = {diff:.1e} (max |x| = {np.max(np.abs(res_numpy.x)):.2f})")
-print(f"max |beta_t(dask) - beta_t(NumPy)| = "
-      f"{np.max(np.abs(np.asarray(res_dask.betas) - np.asarray(res_numpy.betas))):.1e}")  # fmt: skip
+beta_diff = np.max(np.abs(np.asarray(res_dask.betas) - np.asarray(res_numpy.betas)))
+print(f"max |beta_t(dask) - beta_t(NumPy)| = {beta_diff:.1e}")
 
 # %%
 # The two runs' loss along the way (recorded with a ``callback``) and the final weights
