@@ -167,7 +167,7 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }
-html_sidebars = {"index": [], "getting-started": []}
+html_sidebars = {"index": [], "getting-started": [], "performance": []}
 html_show_sourcelink = False
 # an empty default mode makes the theme log a console error on every page
 html_context = {"default_mode": "light"}

@@ -226,9 +226,12 @@ def test_the_problem_set_table_is_the_json(tmp_path):
         pytest.skip("no problem-set JSON under docs/_data")
     body = "".join(f".. bench-problem-set:: {p.name}\n\n" for p in files)
     parsed = _render(tmp_path, body, files)
-    assert len(parsed.tables) == len(files)
-    for path, table in zip(files, parsed.tables, strict=True):
-        ps = json.loads(path.read_text())["problem_set"]
+    assert len(parsed.tables) == len(files) == len(parsed.setups)
+    for path, table, setup in zip(files, parsed.tables, parsed.setups, strict=True):
+        payload = json.loads(path.read_text())
+        for text in (payload["machine"]["cpu"], payload["machine"]["numpy"], payload["date"]):
+            assert text in setup, (text, setup)
+        ps = payload["problem_set"]
         header, *body_rows = table
         assert header == ["problem", *ps["methods"]]
         assert [c[0] for c in body_rows] == [p["label"] for p in ps["problems"]]

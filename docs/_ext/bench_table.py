@@ -68,8 +68,9 @@ def number(value: float | None) -> str:
     return f"{value:.2f}"
 
 
-def setup_line(payload: dict[str, Any]) -> str:
-    """One sentence: machine, software versions, date, command and the bench's settings."""
+def setup_line(payload: dict[str, Any], *, paired: bool = True) -> str:
+    """One sentence: machine, software versions, date, command and the bench's settings
+    (``paired`` False: the problem set, one run per method, no pairs)."""
     m = payload.get("machine", {})
     s = payload.get("settings", {})
     cpu = m.get("cpu", "unknown CPU")
@@ -91,11 +92,14 @@ def setup_line(payload: dict[str, Any]) -> str:
         ),
         f"GPU: {m.get('gpu', 'not recorded')}",
     ]
-    setting = f"{s.get('repeat', '?')} interleaved pairs per row"
-    if s.get("row_seconds"):
-        setting += f" (at most about {s['row_seconds']:g} s of pairs per row)"
     threads = s.get("threads")
-    setting += f", torch threads {threads if threads else 'default'}"
+    if paired:
+        setting = f"{s.get('repeat', '?')} interleaved pairs per row"
+        if s.get("row_seconds"):
+            setting += f" (at most about {s['row_seconds']:g} s of pairs per row)"
+        setting += f", torch threads {threads if threads else 'default'}"
+    else:
+        setting = "one run of each method on each problem, one process, float64 NumPy arrays"
     if s.get("quick"):
         setting += ", QUICK sizes (not the targets' sizes)"
     parts.append(setting)
@@ -214,9 +218,11 @@ class _BenchDirective(SphinxDirective):
         self.env.note_dependency(rel)
         return load(path)
 
-    def _setup(self, payload: dict[str, Any]) -> nodes.paragraph:
+    def _setup(self, payload: dict[str, Any], paired: bool = True) -> nodes.paragraph:
         return nodes.paragraph(
-            text=setup_line(payload), classes=["bench-setup"], support_smartquotes=False
+            text=setup_line(payload, paired=paired),
+            classes=["bench-setup"],
+            support_smartquotes=False,
         )
 
 
@@ -262,7 +268,7 @@ class BenchProblemSet(_BenchDirective):
         if not payload.get("problem_set", {}).get("problems"):
             raise self.error(f"{self.arguments[0]} holds no problem set (--problem-set)")
         return [
-            self._setup(payload),
+            self._setup(payload, paired=False),
             _table(problem_set_header(payload), problem_set_cells(payload), ["problem-set"]),
         ]
 

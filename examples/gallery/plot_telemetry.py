@@ -21,10 +21,10 @@ import torch
 from amopt.torch import AMSGD
 
 torch.set_num_threads(1)  # a network this small runs fastest on one thread
-torch.manual_seed(0)
 
 # %%
 # The task: 16 x 16 single-channel images, each class a fixed random template, plus noise.
+torch.manual_seed(0)
 templates = torch.randn(10, 1, 16, 16)
 labels = torch.randint(0, 10, (4096,))
 images = templates[labels] + 1.5 * torch.randn(4096, 1, 16, 16)
@@ -44,6 +44,7 @@ names = [name for name, _ in model.named_parameters()]
 steps = 300
 opt = AMSGD(model.parameters(), lr=0.05, per_layer=True)
 sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+cap = opt.param_groups[0]["beta_max"]  # the largest beta_t the rule may apply
 
 # %%
 # The training loop. ``latest_betas()[0]`` is the list for the only param group; its
@@ -71,9 +72,10 @@ print("beta_t applied at the last step, per tensor:", [round(b, 3) for b in beta
 
 # %%
 # :math:`\beta_t` per layer (a moving average over 20 steps; the raw values, light, behind
-# it) and the loss. The cap is ``beta_max = 0.9`` (exposed to schedulers as ``momentum``).
-# The biases and weights of one layer get their own :math:`\beta_t`: with
-# ``per_layer=False`` (the default) every tensor of a param group shares one.
+# it; the axis starts at 0.5) and the loss. The dotted line is the cap ``beta_max`` (exposed
+# to schedulers as ``momentum``). The biases and weights of one layer get their own
+# :math:`\beta_t`: with ``per_layer=False`` (the default) every tensor of a param group
+# shares one.
 
 
 def smooth(values, k=20):
@@ -84,7 +86,8 @@ fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), width_ratios=(2, 1))
 for j, name in enumerate(names):
     (line,) = ax1.plot(smooth(beta_log[:, j]), lw=1.3, label=name)
     ax1.plot(beta_log[:, j], lw=0.4, alpha=0.25, color=line.get_color())
-ax1.axhline(0.9, color="k", lw=0.6, ls=":")
+ax1.axhline(cap, color="k", lw=0.6, ls=":")
+ax1.set_ylim(0.5, cap + 0.03)  # the first step's beta_t is 0 (no momentum yet), a few dip below
 ax1.set(xlabel="step", ylabel=r"$\beta_t$", title=r"AMSGD(per_layer=True): $\beta_t$ per tensor")
 ax1.legend(fontsize=7, ncol=2)
 ax2.semilogy(smooth(loss_log))
@@ -98,7 +101,7 @@ plt.show()
 third = steps // 3
 for j, name in enumerate(names):
     col = beta_log[:, j]
-    at_cap = (col >= 0.9 - 1e-6).float().mean().item()
+    at_cap = (col >= cap - 1e-6).float().mean().item()
     print(
         f"{name:9s} mean beta_t {col[:third].mean().item():.3f} (first third), "
         f"{col[-third:].mean().item():.3f} (last third), at the cap {at_cap:.0%} of the steps"
