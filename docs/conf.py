@@ -51,6 +51,7 @@ extensions = [
     "sphinx_design",
     "sphinx_gallery.gen_gallery",
     "matplotlib.sphinxext.plot_directive",
+    "bench_table",  # docs/_ext: the performance tables, rendered from the bench's JSON
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
@@ -166,7 +167,7 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }
-html_sidebars = {"index": [], "getting-started": []}
+html_sidebars = {"index": [], "getting-started": [], "performance": []}
 html_show_sourcelink = False
 # an empty default mode makes the theme log a console error on every page
 html_context = {"default_mode": "light"}

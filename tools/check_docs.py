@@ -9,10 +9,12 @@ Needs ``pip install playwright`` and a Chromium from the system (Debian:
 is downloaded. The site is served from 127.0.0.1 on a free port; any request to another host
 is refused and counts as a failure, so a page that needs the network fails here.
 
-Checked on the index, one API page, one gallery page and one user-guide page: the page
-loads; every image on it is loaded (``naturalWidth > 0``; each of these pages but the API
-page must have one at least); every math element is typeset by MathJax with no MathJax error
-(each of these pages has math); no console error, no page error, no failed request and no
+Checked on the index, one API page, three gallery pages, one user-guide page and the
+performance page: the page loads; every image on it is loaded (``naturalWidth > 0``; the
+index, the gallery pages and the user-guide page must have one at least); every math element
+is typeset by MathJax with no MathJax error (each of these pages but the performance page and
+the dask example has math); the performance page holds the tables rendered from the bench's
+JSON; no console error, no page error, no failed request and no
 HTTP status >= 400. Then the site's
 search for ``AMAdamW`` must list the optimizer's API page. A full-page screenshot of each
 page is written to ``--out`` (default ``docs/_build/check``). Exit status 0 when all passes.
@@ -31,13 +33,17 @@ from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: (name, path in the site, needs an image, needs math)
+#: (name, path in the site, needs an image, needs math, a CSS selector it must hold or None)
 PAGES = (
-    ("index", "index.html", True, True),
-    ("api", "api/generated/amopt.torch.AMAdamW.html", False, True),
-    ("gallery", "auto_examples/plot_beta_quadratic.html", True, True),
+    ("index", "index.html", True, True, None),
+    ("api", "api/generated/amopt.torch.AMAdamW.html", False, True, None),
+    ("gallery", "auto_examples/plot_beta_quadratic.html", True, True, None),
     # a MyST page with display math and a figure made at build time
-    ("guide", "user-guide/adaptive-memory.html", True, True),
+    ("guide", "user-guide/adaptive-memory.html", True, True, None),
+    # the tables rendered from the bench's JSON, each with its machine and setup
+    ("performance", "performance.html", False, False, "table.bench-table"),
+    ("gallery-telemetry", "auto_examples/plot_telemetry.html", True, True, None),
+    ("gallery-dask", "auto_examples/plot_dask_out_of_core.html", True, False, None),
 )
 SEARCH_TERM = "AMAdamW"
 SEARCH_TARGET = "api/generated/amopt.torch.AMAdamW.html"
@@ -82,11 +88,20 @@ def _find_chromium(given: str | None) -> str:
 
 
 def _check_page(
-    page, base: str, name: str, path: str, need_image: bool, need_math: bool, out: Path
+    page,
+    base: str,
+    name: str,
+    path: str,
+    need_image: bool,
+    need_math: bool,
+    selector: str | None,
+    out: Path,
 ) -> list[str]:
     problems: list[str] = []
     page.goto(base + path, wait_until="load")
     page.wait_for_load_state("networkidle")
+    if selector is not None and page.locator(selector).count() == 0:
+        problems.append(f"{name}: nothing matches {selector!r}")
     if need_math:
         try:
             page.wait_for_function(
@@ -178,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             print(f"serving {site} at {base}")
-            for name, path, need_image, need_math in PAGES:
-                problems += _check_page(page, base, name, path, need_image, need_math, out)
+            for name, path, need_image, need_math, selector in PAGES:
+                problems += _check_page(
+                    page, base, name, path, need_image, need_math, selector, out
+                )
 
             page.goto(f"{base}search.html?q={SEARCH_TERM}", wait_until="load")
             try:

@@ -290,6 +290,8 @@ def _write_json(
 ) -> None:
     payload = {
         "machine": info,
+        "date": measures.get("date"),
+        "command": measures.get("command"),
         "settings": asdict(settings),
         "load_before": measures.get("load_before"),
         "load_after": measures.get("load_after"),
@@ -300,6 +302,8 @@ def _write_json(
             {
                 "key": r.row.key,
                 "metric": r.row.metric,
+                "side_a": r.row.side_a,
+                "side_b": r.row.side_b,
                 "target": r.row.target,
                 "status": r.status,
                 "skipped": r.skipped,
@@ -310,10 +314,55 @@ def _write_json(
             for r in results
         ],
     }
+    if any(r.row in PROBLEM_SET_ROWS for r in results):
+        payload["problem_set"] = _problem_set_outcomes()
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(payload, fh, indent=2)
     os.replace(tmp, path)
+
+
+def _cpu_family_model() -> dict[str, str]:
+    """``/proc/cpuinfo``'s cpu family and model (a model name such as "AMD EPYC" covers
+    several generations: family 25 model 17 is Zen 4, family 26 Zen 5); empty elsewhere."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name.strip() in ("cpu family", "model") and name.strip() not in found:
+                    found[name.strip()] = value.strip()
+                if not line.strip():  # the first processor's block is enough
+                    break
+    except OSError:
+        return {}
+    if len(found) < 2:
+        return {}
+    return {"cpu family/model": f"{found['cpu family']}/{found['model']}"}
+
+
+def _problem_set_outcomes() -> dict:
+    """Every method's outcome on every measured problem of the set: the table of
+    ``--problem-set`` as numbers (``nit`` None: the test not reached in ``maxiter``)."""
+    problems = []
+    for case in _problem_set.PROBLEMS:
+        got = _problem_set._CACHE.get(case.key)
+        if got is not None:
+            problems.append(
+                {
+                    "key": case.key,
+                    "label": case.label,
+                    "convex": case.convex,
+                    "f_best": _problem_set._best(got),
+                    "methods": {m: asdict(o) for m, o in got.items()},
+                }
+            )
+    return {
+        "rtol": _problem_set.RTOL,
+        "maxiter": _problem_set.MAXITER,
+        "methods": list(_problem_set.METHODS),
+        "problems": problems,
+    }
 
 
 def _select(args: argparse.Namespace) -> list[Row]:
@@ -374,8 +423,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     mib = _PROBE_MIB[settings.quick]
     before, bw_before = load_average(), memory_bandwidth(mib, threads=settings.threads)
-    info = machine_info()
-    measures = {"load_before": before, "memory_bandwidth_gbs_before": bw_before}
+    info = {**machine_info(), **_cpu_family_model()}
+    measures = {
+        "load_before": before,
+        "memory_bandwidth_gbs_before": bw_before,
+        # when and how the run was made, for a table shown without its report
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(["python -m amopt.bench", *(sys.argv[1:] if argv is None else argv)]),
+    }
 
     def write_json(results: list[Result]) -> None:
         # after every row, so that a run cut short by a time limit keeps what it measured
