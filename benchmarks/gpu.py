@@ -1,4 +1,4 @@
-"""GPU rows of ``python -m amopt.bench --gpu``: the GPU targets, "no GPU" where there is none.
+"""GPU rows of ``python -m benchmarks --gpu``: the GPU targets, "no GPU" where there is none.
 
 Every row skips with a reason starting "no GPU" without a CUDA device, and reports
 an error (and the next row runs) where the feature it measures fails. Each row
@@ -50,7 +50,7 @@ limit. Rows, AM side / baseline (target):
 Examples
 --------
 >>> import math
->>> from amopt.bench._gpu import gpt2_small_shapes
+>>> from benchmarks.gpu import gpt2_small_shapes
 >>> sum(math.prod(s) for s in gpt2_small_shapes())
 124439808
 """
@@ -74,6 +74,7 @@ from amopt.bench import cases
 from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import Paired, PhaseClock, interleave, interleave_counted, timed_rounds
 from amopt.bench.cases import gpt2_small_shapes, llama_1b_shapes
+from benchmarks import child_env
 
 __all__ = [
     "GPU_KINDS",
@@ -289,13 +290,13 @@ def _child(name: str, settings: Settings, timeout: float) -> Measured:
     """Run ``_child_<name>(settings)`` in a fresh Python process; its Measured back."""
     code = (
         "import json, sys\n"
-        "from amopt.bench import _gpu\n"
+        "from benchmarks import gpu as _gpu\n"
         "from amopt.bench._records import Settings\n"
         f"s = Settings(**json.loads({json.dumps(json.dumps(settings.__dict__))}))\n"
         f"m = _gpu._child_{name}(s)\n"
         "print('@@MEASURED ' + json.dumps(m.__dict__))\n"
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = child_env(PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code],
