@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from amopt.bench import _cli
-from amopt.bench._cli import GPU_ROW_SECONDS, PROBLEM_SET_ROWS, Suite
+from amopt.bench._cli import GPU_ROW_SECONDS, PROBLEM_SET_ROWS, Suite, run_rows
 from amopt.bench._records import Measured, Result, Row, Settings
 from benchmarks import dask_rows, gpu, standins
 
@@ -30,6 +30,7 @@ __all__ = [
     "Row",
     "Settings",
     "main",
+    "run_rows",
 ]
 
 #: the rows run by default: ``python -m amopt.bench``'s, and the CPU stand-ins of the GPU
