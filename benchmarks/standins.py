@@ -38,9 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from amopt.bench import cases
 from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import Paired, interleave, interleave_counted, timed_rounds
+from benchmarks import cases as layouts
 from benchmarks import host as _host
 
 __all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "layout", "minimize_traffic"]
@@ -65,13 +65,13 @@ def layout(n_tensors: int, quick: bool = False) -> list[tuple[int, ...]]:
     >>> len(layout(148)), len(layout(1480))
     (148, 1480)
     """
-    shapes = cases.gpt2_small_shapes()
+    shapes = layouts.gpt2_small_shapes()
     if quick:
-        shapes = cases.shrunk_shapes(shapes)
+        shapes = layouts.shrunk_shapes(shapes)
     if n_tensors == len(shapes):
         return shapes
     if n_tensors == MANY * len(shapes):
-        return cases.many_tensor_shapes(shapes, MANY)
+        return layouts.many_tensor_shapes(shapes, MANY)
     raise ValueError(f"n_tensors must be {len(shapes)} or {MANY * len(shapes)}; got {n_tensors}")
 
 

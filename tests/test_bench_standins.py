@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 from test_bench_suite import STANDIN_TARGETS  # noqa: E402
 
-from amopt.bench import cases  # noqa: E402
 from amopt.bench._records import Settings  # noqa: E402
 from amopt.bench._timing import Paired  # noqa: E402
+from benchmarks import cases as layouts  # noqa: E402
 from benchmarks import cli as _cli  # noqa: E402
 from benchmarks import counters  # noqa: E402
 from benchmarks import host as _host  # noqa: E402
@@ -335,7 +335,7 @@ def test_standin_rows_run_quick():
 
 
 def test_asv_and_cli_share_the_host_cases():
-    assert cases.gpt2_small_shapes() == _standins.layout(148)
+    assert layouts.gpt2_small_shapes() == _standins.layout(148)
 
 
 # --------------------------------------------------------------------------- imports

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from amopt.bench import _cli, cases
+from benchmarks import cases as harness_cases
 
 torch = pytest.importorskip("torch")
 
@@ -283,15 +284,15 @@ def test_llama_paths_train_the_same_model(path):
         cases.LlamaCase("am-adamw", path="jit")
 
 
-@pytest.mark.parametrize("method", cases.QUALITY_METHODS)
+@pytest.mark.parametrize("method", harness_cases.QUALITY_METHODS)
 def test_solver_quality_on_the_quadratic(method):
-    out = cases.solver_quality("quadratic", method, maxiter=2000)
+    out = harness_cases.solver_quality("quadratic", method, maxiter=2000)
     assert out["final_suboptimality"] < 1e-6
     assert 1 <= out["iterations_to_1e-6"] <= 2000
 
 
 def test_solver_quality_reports_nan_when_not_reached():
-    out = cases.solver_quality("mushrooms", "gd", maxiter=3)
+    out = harness_cases.solver_quality("mushrooms", "gd", maxiter=3)
     assert out["final_suboptimality"] > 1e-6 and np.isnan(out["iterations_to_1e-6"])
 
 
