@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -127,7 +127,8 @@ class HostReads(OpCounter):
     method of :data:`HOST_METHODS` (``to`` only with a CPU device), those made inside
     another such call not counted again (``np.asarray(t)`` calls ``t.__array__``, which
     calls ``t.numpy()``: one read). ``sync_sites`` says which of them ran. ``forbid``:
-    the first read raises an ``AssertionError`` naming it instead (where it is made).
+    ``True``, the first read raises an ``AssertionError`` naming it instead (where it is
+    made); a collection of sites (``LOCAL_SCALAR``, ``"tolist"``, ...), those reads only.
 
     Examples
     --------
@@ -139,9 +140,11 @@ class HostReads(OpCounter):
     (3, 2, {'aten._local_scalar_dense.default': 1, 'tolist': 1})
     """
 
-    def __init__(self, watch: Watch | None = None, *, forbid: bool = False) -> None:
+    def __init__(
+        self, watch: Watch | None = None, *, forbid: bool | Iterable[str] = False
+    ) -> None:
         super().__init__(watch)
-        self.forbid = forbid
+        self.forbid: bool | frozenset[str] = forbid if forbid is True else frozenset(forbid or ())
         self.sync_sites: Counter[str] = Counter()
         self._local = threading.local()
         self._saved: dict[str, Any] = {}
@@ -158,7 +161,7 @@ class HostReads(OpCounter):
         return getattr(self._local, "depth", 0)
 
     def _read(self, site: str) -> None:
-        if self.forbid:
+        if self.forbid is True or site in self.forbid:  # type: ignore[operator]
             raise AssertionError(f"a tensor value was read on the host: {site}")
         self.sync_sites[site] += 1
 
