@@ -80,14 +80,14 @@ def data_dir() -> Path:
 def triton_interpreter(monkeypatch):
     """The optimizers' default path is the Triton one, in Triton's interpreter on CPU
     tensors, chosen where a CUDA group would choose it
-    (``amopt.bench._host.triton_on_cpu``), with small blocks so that every kernel
+    (``benchmarks.host.triton_on_cpu``), with small blocks so that every kernel
     covers whole and partial chunks; skips where the driver cannot run here."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     import torch
 
-    from amopt.bench._host import triton_on_cpu
     from amopt.torch import _triton as tri
+    from benchmarks.host import triton_on_cpu
 
     monkeypatch.setattr(tri, "BLOCK", 16)
     monkeypatch.setattr(tri, "CHUNK", 32)

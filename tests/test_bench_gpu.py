@@ -1,7 +1,7 @@
 """The GPU rows of the bench: selection, "no GPU" without one, errors that do not stop the
 run, the JSON, the time cap, and the CuPy rows' comparisons run on NumPy stand-ins.
 
-On a machine with CUDA the rows themselves run with ``python -m amopt.bench --gpu``;
+On a machine with CUDA the rows themselves run with ``python -m benchmarks --gpu``;
 here they must say why they cannot.
 """
 
@@ -17,9 +17,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import amopt  # noqa: E402
-from amopt.bench import _cli, _gpu, cases  # noqa: E402
+from amopt.bench import cases  # noqa: E402
 from amopt.bench._records import Measured, Row, Settings  # noqa: E402
 from amopt.bench._timing import timed_rounds  # noqa: E402
+from benchmarks import cli as _cli  # noqa: E402
+from benchmarks import gpu as _gpu  # noqa: E402
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the rows measure on a GPU here")
 
@@ -77,6 +79,14 @@ def test_gpu_flag_selects_the_gpu_rows(capsys):
     assert _cli.main(["--list", "--all"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.strip().splitlines()]
     assert listed == [r.key for r in (*_cli.ROWS, *_cli.EXTRA_ROWS, *_cli.GPU_ROWS)]
+
+
+def test_the_package_bench_has_no_gpu_row_and_says_where_they_are():
+    from amopt.bench import _cli as user
+
+    with pytest.raises(SystemExit, match="python -m benchmarks --gpu"):
+        user.main(["--gpu", "--list"])
+    assert not any(r.key.startswith("gpu-") for r in (*user.ROWS, *user.EXTRA_ROWS))
 
 
 @no_cuda

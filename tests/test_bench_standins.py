@@ -20,19 +20,23 @@ torch = pytest.importorskip("torch")
 
 from test_bench_suite import STANDIN_TARGETS  # noqa: E402
 
-from amopt.bench import _cli, _host, _standins, cases  # noqa: E402
 from amopt.bench._records import Settings  # noqa: E402
 from amopt.bench._timing import Paired  # noqa: E402
+from benchmarks import cases as layouts  # noqa: E402
+from benchmarks import cli as _cli  # noqa: E402
+from benchmarks import counters  # noqa: E402
+from benchmarks import host as _host  # noqa: E402
+from benchmarks import standins as _standins  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "amopt" / "bench"
 
 
-# --------------------------------------------------------------------------- HostCounter
+# --------------------------------------------------------------------------- HostReads
 
 
 def test_counter_counts_known_ops_and_host_reads():
     x = torch.arange(6.0)
-    with _host.HostCounter() as c:
+    with counters.HostReads() as c:
         y = x * 2  # mul
         s = y.sum()  # sum
         float(s)  # _local_scalar_dense: a read
@@ -44,10 +48,10 @@ def test_counter_counts_known_ops_and_host_reads():
         y.to(torch.float64)  # a dtype conversion: an op, no read
         y.view(2, 3).reshape(6)  # a view (the reshape of a contiguous tensor: a view too)
     assert c.ops["aten.mul.Tensor"] == 1 and c.ops["aten.sum.default"] == 1
-    assert c.ops[_host.LOCAL_SCALAR] == 2
+    assert c.ops[counters.LOCAL_SCALAR] == 2
     assert c.ops["aten._to_copy.default"] == 1
     assert c.sync_sites == Counter(
-        {_host.LOCAL_SCALAR: 2, "tolist": 1, "__array__": 1, "cpu": 1, "to": 1}
+        {counters.LOCAL_SCALAR: 2, "tolist": 1, "__array__": 1, "cpu": 1, "to": 1}
     )
     assert c.syncs == 6
     # views: the two, and numpy()'s detach
@@ -56,10 +60,10 @@ def test_counter_counts_known_ops_and_host_reads():
 
 
 def test_counter_restores_the_tensor_methods():
-    before = {name: torch.Tensor.__dict__.get(name) for name in _host.HOST_METHODS}
-    with _host.HostCounter():
+    before = {name: torch.Tensor.__dict__.get(name) for name in counters.HOST_METHODS}
+    with counters.HostReads():
         assert torch.Tensor.__dict__.get("tolist") is not before["tolist"]
-    assert {name: torch.Tensor.__dict__.get(name) for name in _host.HOST_METHODS} == before
+    assert {name: torch.Tensor.__dict__.get(name) for name in counters.HOST_METHODS} == before
     assert torch.arange(3).tolist() == [0, 1, 2]
 
 
@@ -192,8 +196,9 @@ def _row(rows, key):
 
 def test_foreach_ops_row_ratio_is_ops_over_the_allowance(monkeypatch):
     def fake(kind, shapes, as_on_gpu=False):
-        c = _host.HostCounter()
-        c.ops["aten.dot.default"] = (500 if as_on_gpu else 700) if kind.startswith("am") else 300
+        c = counters.HostReads()
+        n = (500 if as_on_gpu else 700) if kind.startswith("am") else 300
+        c.calls += [torch.ops.aten.dot.default] * n
         c.as_on_gpu = as_on_gpu
         return c
 
@@ -330,7 +335,7 @@ def test_standin_rows_run_quick():
 
 
 def test_asv_and_cli_share_the_host_cases():
-    assert cases.gpt2_small_shapes() == _standins.layout(148)
+    assert layouts.gpt2_small_shapes() == _standins.layout(148)
 
 
 # --------------------------------------------------------------------------- imports
@@ -364,6 +369,22 @@ def test_bench_modules_import_only_those_below_them():
         for v in remaining.values():
             v -= set(leaves)
     assert graph["_records"] <= {"_timing"}
+
+
+def test_the_package_never_imports_the_harness():
+    """The wheel holds ``amopt/`` alone: no module of it imports ``benchmarks``."""
+    importers = []
+    for path in (BENCH.parents[1] / "amopt").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n == "benchmarks" or n.startswith("benchmarks.") for n in names):
+                importers.append(path.name)
+    assert importers == []
 
 
 @needs_triton

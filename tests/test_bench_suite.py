@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 
 from amopt.bench import _cli, cases
+from benchmarks import cases as harness_cases
 
 torch = pytest.importorskip("torch")
 
-ASV_DIR = Path(__file__).resolve().parents[1] / "asv_benchmarks"
+#: the harness's folder: asv.conf.json, and the asv suite in asv_suite/
+ASV_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture
@@ -54,7 +56,9 @@ STANDIN_TARGETS = {
 
 
 def test_rows_carry_the_targets_of_the_issue():
-    targets = {row.key: row.target for row in _cli.ROWS}
+    from benchmarks import cli as harness
+
+    targets = {row.key: row.target for row in harness.ROWS}
     assert targets == {
         "adamw-layers": None,  # its target is the step over its memory-traffic floor:
         "adamw-layers-over-floor": 1.25,
@@ -80,9 +84,12 @@ def test_rows_carry_the_targets_of_the_issue():
         "llama": 1.01,
         **STANDIN_TARGETS,  # the CPU stand-ins of the GPU targets
     }
-    assert all(row.target is None for row in _cli.EXTRA_ROWS)
+    # python -m amopt.bench: the same rows, in the same order, without the stand-ins
+    assert _cli.ROWS == tuple(r for r in harness.ROWS if r.key not in STANDIN_TARGETS)
+    assert all(row.target is None for row in harness.EXTRA_ROWS)
+    assert set(_cli.EXTRA_ROWS) <= set(harness.EXTRA_ROWS)
     # every row names its two sides and a unique key
-    keys = [row.key for row in (*_cli.ROWS, *_cli.EXTRA_ROWS)]
+    keys = [row.key for row in (*harness.ROWS, *harness.EXTRA_ROWS)]
     assert len(keys) == len(set(keys))
 
 
@@ -277,15 +284,15 @@ def test_llama_paths_train_the_same_model(path):
         cases.LlamaCase("am-adamw", path="jit")
 
 
-@pytest.mark.parametrize("method", cases.QUALITY_METHODS)
+@pytest.mark.parametrize("method", harness_cases.QUALITY_METHODS)
 def test_solver_quality_on_the_quadratic(method):
-    out = cases.solver_quality("quadratic", method, maxiter=2000)
+    out = harness_cases.solver_quality("quadratic", method, maxiter=2000)
     assert out["final_suboptimality"] < 1e-6
     assert 1 <= out["iterations_to_1e-6"] <= 2000
 
 
 def test_solver_quality_reports_nan_when_not_reached():
-    out = cases.solver_quality("mushrooms", "gd", maxiter=3)
+    out = harness_cases.solver_quality("mushrooms", "gd", maxiter=3)
     assert out["final_suboptimality"] > 1e-6 and np.isnan(out["iterations_to_1e-6"])
 
 
@@ -296,9 +303,10 @@ def _asv_modules():
     sys.path.insert(0, str(ASV_DIR))
     try:
         names = sorted(
-            p.stem for p in (ASV_DIR / "benchmarks").glob("*.py") if p.stem != "__init__"
+            p.stem for p in (ASV_DIR / "asv_suite").glob("*.py") if p.stem != "__init__"
         )
-        return [importlib.import_module(f"benchmarks.{name}") for name in names]
+        # as asv imports them: the package asv_suite, with its parent folder on sys.path
+        return [importlib.import_module(f"asv_suite.{name}") for name in names]
     finally:
         sys.path.remove(str(ASV_DIR))
 
@@ -319,7 +327,7 @@ def test_asv_config_is_valid_json_with_comments():
 
     text = (ASV_DIR / "asv.conf.json").read_text()
     conf = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
-    assert conf["benchmark_dir"] == "benchmarks" and conf["repo"] == ".."
+    assert conf["benchmark_dir"] == "asv_suite" and conf["repo"] == ".."
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The dask bench rows' out-of-core run, at a small size, in this process.
 
-``python -m amopt.bench --extra --rows dask`` runs it at full size (a data set
+``python -m benchmarks --extra --rows dask`` runs it at full size (a data set
 larger than the workers' memory); here it only has to work: the chunk files
 are written, the cluster reads them, the objective decreases, and each
 worker's peak resident memory stays under its limit.
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from amopt.bench import _dask  # noqa: E402
+from benchmarks import dask_rows as _dask  # noqa: E402
 
 
 def test_out_of_core_run_reads_the_chunks_from_disk(tmp_path):

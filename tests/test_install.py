@@ -111,7 +111,7 @@ def test_wheel_carries_the_bundled_data(installed):
         assert f"amopt/datasets/data/{f}" in names
     assert "amopt/datasets/registry.csv" in names  # the registry of the data sets
     assert "amopt/experiments/__main__.py" in names and "amopt/bench/_timing.py" in names
-    assert not any(n.startswith(("tests/", "docs/", "asv_benchmarks/")) for n in names)
+    assert not any(n.startswith(("tests/", "docs/", "benchmarks/")) for n in names)
 
 
 @pytest.mark.slow

@@ -4,17 +4,17 @@ torch tensors on the CPU take the path of CuPy and torch CUDA arrays (every arra
 library other than NumPy and dask). A synchronisation is a read of a device value on
 the host: ``aten._local_scalar_dense`` (``float(t)``, ``t.item()``, ``if t``) or a
 Tensor method that copies to the host (``tolist``, ``cpu``, ``numpy``, ``__array__``,
-...), counted by a ``TorchDispatchMode`` and by wrapping those methods; the ops are
-every aten op dispatched while the mode is on. Per-iteration figures are the
-difference between a 30- and a 10-step run of the same problem, over 20, so the
-start and the end of a run (the first evaluation, the final full objective) do not
-count. The GPU tests at the end skip without CUDA (torch) or without CuPy and a GPU.
+...), counted by :class:`benchmarks.counters.HostReads` (a ``TorchDispatchMode`` and
+those methods wrapped); the ops are every aten op dispatched while the mode is on.
+Per-iteration figures are the difference between a 30- and a 10-step run of the same
+problem, over 20, so the start and the end of a run (the first evaluation, the final
+full objective) do not count. The GPU tests at the end skip without CUDA (torch) or
+without CuPy and a GPU.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import math
 import warnings
 from pathlib import Path
@@ -24,80 +24,17 @@ import array_api_compat.torch as tx
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import amopt
 from amopt import _loop, _rule, _tape
 from amopt.backends import library_available
+from benchmarks.counters import HostReads
 
 from _objectives import Logistic, logreg_data
 
 FULL = ["gd", "mgd", "heavy-ball", "nesterov", "am-mgd", "adam", "adamw", "am-adam", "am-adamw"]
 STOCHASTIC = ["sgd", "msgd", "am-sgd"]
 ADAM_FAMILY = ["adam", "adamw", "am-adam", "am-adamw"]
-#: the host reads of a tensor: each is a synchronisation on a GPU
-HOST_READS = (
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-    "__bool__",
-    "__float__",
-    "__int__",
-    "__index__",
-    "__array__",
-    "__complex__",
-)
-
-
-class _Count(TorchDispatchMode):
-    """Dispatched aten ops and host reads (a read inside another read counts once)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-        self.syncs = 0
-        self._inside = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        if func is torch.ops.aten._local_scalar_dense.default and self._inside == 0:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
-
-    def _wrap(self, method):
-        def counted(tensor, *args, **kwargs):
-            if self._inside == 0:
-                self.syncs += 1
-            self._inside += 1
-            try:
-                return method(tensor, *args, **kwargs)
-            finally:
-                self._inside -= 1
-
-        return counted
-
-    def _to(self, method):
-        def to(tensor, *args, **kwargs):
-            target = kwargs.get("device", args[0] if args else None)
-            if isinstance(target, str | torch.device) and torch.device(target).type == "cpu":
-                return self._wrap(method)(tensor, *args, **kwargs)
-            return method(tensor, *args, **kwargs)
-
-        return to
-
-    @contextlib.contextmanager
-    def counting(self):
-        saved = {name: getattr(torch.Tensor, name) for name in (*HOST_READS, "to")}
-        try:
-            for name in HOST_READS:
-                setattr(torch.Tensor, name, self._wrap(saved[name]))
-            torch.Tensor.to = self._to(saved["to"])
-            with self:
-                yield self
-        finally:
-            for name, method in saved.items():
-                setattr(torch.Tensor, name, method)
 
 
 class _DeviceLeastSquares:
@@ -138,13 +75,13 @@ def _per_iteration(method, batch=False, **extra):
     out = []
     for maxiter in (10, 30):
         opts = _options(method, batch) | {"maxiter": maxiter} | extra
-        count = _Count()
-        with count.counting():
+        count = HostReads()
+        with count:
             res = amopt.minimize(
                 prob, torch.zeros(20, dtype=torch.float64), method=method, options=opts
             )
         assert res.nit == maxiter
-        out.append((count.syncs, count.ops))
+        out.append((count.syncs, count.total_ops))
     (s10, o10), (s30, o30) = out
     return (s30 - s10) / 20, (o30 - o10) / 20
 
@@ -184,9 +121,9 @@ def test_one_synchronisation_for_a_parameter_list(method, per_layer):
     )
     syncs = []
     for maxiter in (10, 30):
-        count = _Count()
+        count = HostReads()
         x0 = [torch.zeros(5, 3, dtype=torch.float64), torch.zeros(3)]  # float64 and float32
-        with count.counting():
+        with count:
             res = amopt.minimize(
                 fun, x0, jac=jac, method=method, options=options | {"maxiter": maxiter}
             )
@@ -197,9 +134,9 @@ def test_one_synchronisation_for_a_parameter_list(method, per_layer):
 
 def test_the_counter_sees_host_reads():
     # the counting must not be vacuous: the loop's own reads, one by one, count
-    count = _Count()
+    count = HostReads()
     t = torch.ones(3, dtype=torch.float64)
-    with count.counting():
+    with count:
         float(t.sum())
         t.tolist()
         t.max().item()
@@ -233,10 +170,10 @@ def test_am_adam_ops_are_array_work_only(am, base):
 
 
 def _ops(fn):
-    count = _Count()
-    with count.counting():
+    count = HostReads()
+    with count:
         fn()
-    return count.ops
+    return count.total_ops
 
 
 def _step_ops(method, x, g):

@@ -2,7 +2,7 @@
 
 On a large array a GPU iteration costs the bytes its operations read and write. These
 tests count them on the CPU with torch tensors, which take the path of CuPy and torch
-CUDA arrays, with :class:`amopt.bench._standins.Traffic` (a ``TorchDispatchMode``:
+CUDA arrays, with :class:`benchmarks.counters.Traffic` (a ``TorchDispatchMode``:
 the sizes of each operation's tensor inputs and outputs, 0-d tensors and views aside),
 against the heavy-ball loop of the ``gpu-quad-*`` bench rows written in torch. They
 also check what the loop gave up to get there: the per-iteration copy of the returned
@@ -21,9 +21,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import amopt  # noqa: E402
-from amopt.bench._host import HostCounter  # noqa: E402
-from amopt.bench._standins import Traffic, minimize_traffic  # noqa: E402
 from amopt.problems import LogisticRegression  # noqa: E402
+from benchmarks.counters import HostReads, Traffic  # noqa: E402
+from benchmarks.standins import minimize_traffic  # noqa: E402
 
 N = 20_000
 
@@ -37,7 +37,7 @@ def test_traffic_counts_inputs_and_outputs_once_and_skips_views():
         v = z.reshape(10, 100)  # a view: no traffic
         w = z[:500] * 2.0  # a half-size view read, a half-size write
     assert (t.bytes, t.full_ops) == (3 * 8000 + 8000 + 8000, 2)
-    assert t.ops == 5 and float(s) == 1000.0 and v.shape == (10, 100) and w.shape == (500,)
+    assert t.total_ops == 5 and float(s) == 1000.0 and v.shape == (10, 100) and w.shape == (500,)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +197,7 @@ def test_the_binary_logistic_batch_is_a_handful_of_operations():
     x = torch.full((20,), 0.1, dtype=torch.float64)
     idx = torch.arange(7, 263)
     prob.batch_value_and_grad(x, idx)  # the design's device copy is made once
-    counter = HostCounter()
+    counter = HostReads()
     with counter:
         f, g = prob.batch_value_and_grad(x, idx)
     # two gathers, X x, t *, -, logaddexp, sum, / m, -, exp, t *, X^T s (and its view), / m
@@ -214,7 +214,7 @@ def test_am_sgd_on_a_device_design_reads_once_per_iteration():
     x0 = torch.zeros(20, dtype=torch.float64)
     counts = []
     for k in (10, 30):
-        counter = HostCounter()
+        counter = HostReads()
         with counter:
             res = amopt.minimize(
                 prob, x0, method="am-sgd", options={"lr": 0.1, "maxiter": k, "batch_size": 256}

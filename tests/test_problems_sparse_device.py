@@ -26,6 +26,8 @@ from amopt.problems import (
 
 torch = pytest.importorskip("torch")
 
+from benchmarks.counters import HostReads  # noqa: E402
+
 _ROOT = Path(__file__).resolve().parents[1]
 # the shared data sets: next to the checkout, or beside the folder of checkouts
 _SHARED = [p / "shared" / "data" / "libsvm" for p in (_ROOT, _ROOT.parent, _ROOT.parent.parent)]
@@ -279,39 +281,15 @@ def test_int32_and_uint8_torch_indices():
 # ----------------------------------------------------------------------------- structure
 
 
-class _Counter(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts aten ops, and the ones that read a value back to the host."""
-
-    HOST = (
-        "aten._local_scalar_dense",
-        "aten.item",
-        "aten.nonzero",
-        "aten.equal",
-        "aten.is_nonzero",
-    )
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def host_reads(self) -> list[str]:
-        return [o for o in self.ops if o.startswith(self.HOST)]
-
-
 @pytest.mark.parametrize("batch", ["small", "large"])
 def test_torch_evaluation_reads_nothing_back_to_the_host(prob, batch):
     xt = torch.as_tensor(_point(prob))
     it = torch.as_tensor(BATCHES[batch])
     prob.value_and_grad(xt)  # the device copy is built outside the count
-    with _Counter() as c:
+    with HostReads() as c:
         prob.value_and_grad(xt)
         prob.batch_value_and_grad(xt, it)
-    assert c.ops and c.host_reads == []
+    assert c.total_ops and c.syncs == 0, c.sync_sites
 
 
 def test_device_copy_is_built_once_per_device_and_dtype(monkeypatch):

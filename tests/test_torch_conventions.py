@@ -21,12 +21,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from amopt.torch import AMSGD, AMAdam, AMAdamW, _common, _fused, am_adamw, amsgd  # noqa: E402
 from amopt.torch._fused import FusedFallbackWarning  # noqa: E402
-
-from _launches import Launches  # noqa: E402
+from benchmarks.counters import LOCAL_SCALAR, HostReads, OpCounter  # noqa: E402
 
 CLASSES = [AMSGD, AMAdamW, AMAdam]
 IMPLS = {
@@ -585,9 +583,9 @@ def test_skipped_step_blends_the_0d_state_in_a_constant_number_of_operations(fou
         news = [torch.tensor(-float(i), dtype=torch.float64) for i in range(n)]
         news += [torch.tensor(math.nan) for _ in range(n)]
         skip = _common.InfSkip(torch.tensor(found), [])
-        with Launches() as ops:
+        with OpCounter() as ops:
             out = skip.blend_all(olds, news)
-        counts[n] = ops.count
+        counts[n] = ops.kernel_ops
         for old, new, got in zip(olds, news, out, strict=True):
             want = old.reshape(()).to(new.dtype) if found else new
             assert got.shape == new.shape and got.dtype == new.dtype
@@ -689,15 +687,10 @@ def test_float16_first_am_step_with_lam_0_is_adamws():
 # --------------------------------------------------------------------------- host reads
 
 
-class _NoHostReads(TorchDispatchMode):
-    """Fails on every operator that copies a tensor value to a Python number."""
-
-    FORBIDDEN = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.FORBIDDEN:
-            raise AssertionError(f"step() read a tensor value on the host: {func}")
-        return func(*args, **(kwargs or {}))
+def _no_host_reads():
+    """The shared host-read counter, failing on every operator that copies a tensor value to
+    a Python number."""
+    return HostReads(forbid=(LOCAL_SCALAR, "aten.item.default"))
 
 
 @pytest.mark.parametrize("per_layer", [False, True], ids=["global", "per-layer"])
@@ -712,11 +705,11 @@ def test_step_reads_no_tensor_value_on_the_host(cls, impl, per_layer):
         _backward(model, opt, X, y)
         opt.step()
     _backward(model, opt, X, y)
-    with _NoHostReads():
+    with _no_host_reads():
         opt.step()
         opt.latest_betas()
     # the mode sees what a host read looks like
-    with pytest.raises(AssertionError, match="_local_scalar_dense"), _NoHostReads():
+    with pytest.raises(AssertionError, match="_local_scalar_dense"), _no_host_reads():
         float(torch.ones(()))
 
 
@@ -744,19 +737,18 @@ def test_state_tensors_keep_their_identity_across_steps(cls):
 ADAMS = [AMAdamW, AMAdam]
 
 
-class _HostOps(TorchDispatchMode):
-    """Records every operator that produces a CPU tensor."""
+def _host_ops():
+    """The shared op counter, recording in ``ops`` every operator that makes a CPU tensor."""
+    host = OpCounter()
+    host.ops_on_cpu = []
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+    def on_cpu(func, args, kwargs, out):
         flat = out if isinstance(out, list | tuple) else [out]
         if any(isinstance(t, torch.Tensor) and t.is_cpu for t in flat):
-            self.ops.append(str(func))
-        return out
+            host.ops_on_cpu.append(str(func))
+
+    host.watch = on_cpu
+    return host
 
 
 def _meta_group():
@@ -781,16 +773,16 @@ def test_capturable_step_runs_nothing_on_the_host(monkeypatch, cls, impl, per_la
         params = _meta_group()
         opt = cls(params, capturable=capturable, per_layer=per_layer, **IMPLS[impl])
         opt.step()
-        host = _HostOps()
+        host = _host_ops()
         with host:
             opt.step()
             opt.latest_betas()
         state = opt.state[params[0]]
         if capturable:
-            assert host.ops == []
+            assert host.ops_on_cpu == []
             assert {state[k].device.type for k in ("step", "beta", "beta1_prod")} == {"meta"}
         else:
-            assert "aten.pow.Scalar" in host.ops and state["step"].is_cpu
+            assert "aten.pow.Scalar" in host.ops_on_cpu and state["step"].is_cpu
 
 
 @pytest.mark.parametrize("cls", ADAMS, ids=_ids)

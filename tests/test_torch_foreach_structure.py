@@ -2,7 +2,8 @@
 
 The foreach implementations of AMSGD and AMAdamW run whole-tensor multi-tensor ops
 (``torch._foreach_*``); their sums are multi-tensor sums of squares, so that no
-operator runs once per tensor. Counted with a ``TorchDispatchMode``:
+operator runs once per tensor. Counted with the shared op counter
+(:class:`benchmarks.counters.OpCounter`, a ``TorchDispatchMode``):
 
 * on the CPU, a step over a GPT-2-small layout of 148 tensors and over 1480 tensors
   (the same layout ten times, each tensor ten times smaller) runs at most
@@ -23,6 +24,7 @@ On a CUDA device the kernels launched per step are counted with ``torch.profiler
 from __future__ import annotations
 
 import collections
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -31,35 +33,11 @@ torch = pytest.importorskip("torch")
 
 import test_torch_beta_scale as beta_scale  # noqa: E402
 import test_torch_optim as optim_tests  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch_optim_info import N_STEPS, case_id, run_torch  # noqa: E402
 
 import amopt.torch._common as common  # noqa: E402
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
-
-
-class _Ops(TorchDispatchMode):
-    """Counts the aten operators run: ``_foreach_*``, views, and the others."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kinds: collections.Counter[str] = collections.Counter()
-        self.names: collections.Counter[str] = collections.Counter()
-
-        self.slow: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        kind = "foreach" if name.startswith("_foreach") else "view" if func.is_view else "other"
-        self.kinds[kind] += 1
-        self.names[name] += 1
-        if kind == "foreach" and not _fast_route(args, same_dtype=name != "_foreach_copy_"):
-            self.slow.append(name)
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.kinds.values())
+from benchmarks.counters import OpCounter  # noqa: E402
 
 
 def _fast_route(args, same_dtype: bool) -> bool:
@@ -108,9 +86,38 @@ def _ops_per_step(make, shapes, dtype=torch.float32, n_warm=2):
     opt = make(params)
     for _ in range(n_warm):  # the first step creates the state
         opt.step()
-    with _Ops() as ops:
+    slow = []  # the multi-tensor ops whose lists miss the device's one-launch route
+
+    def route(func, args, kwargs, out):
+        name = func.overloadpacket.__name__
+        if name.startswith("_foreach") and not _fast_route(
+            args, same_dtype=name != "_foreach_copy_"
+        ):
+            slow.append(name)
+
+    with OpCounter(route) as ops:
         opt.step()
-    return ops
+    return _Ops(_kinds(ops), ops.packets(), slow, ops.total_ops)
+
+
+class _Ops(NamedTuple):
+    """A step's operators: ``_foreach_*``, views and the others; by name; the slow ones."""
+
+    kinds: collections.Counter[str]
+    names: collections.Counter[str]
+    slow: list[str]
+    total: int
+
+
+def _kinds(ops: OpCounter) -> collections.Counter[str]:
+    return collections.Counter(
+        "foreach"
+        if f.overloadpacket.__name__.startswith("_foreach")
+        else "view"
+        if f.is_view
+        else "other"
+        for f in ops.calls
+    )
 
 
 AM_ADAMW_KINDS = {

@@ -20,9 +20,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 import amopt
 from amopt import _loop, _rule, _torch_apply, _torch_rule
 from amopt._config import AMConfig
+from benchmarks.counters import OpCounter
 
 from _kernel_bodies import same_bits
-from _launches import Launches
 from test_cupy_apply import _arrays
 from test_cupy_rule import CONFIGS, _reference, _rows
 from test_minimize_device_syncs import _DeviceLeastSquares
@@ -167,7 +167,7 @@ def _launches_per_iteration(method: str, triton_launches: list) -> float:
     for maxiter in (10, 30):
         prob = _DeviceLeastSquares()
         before = len(triton_launches)
-        with Launches() as launches:
+        with OpCounter() as launches:
             res = amopt.minimize(
                 prob,
                 torch.zeros(20, dtype=torch.float64),
@@ -175,7 +175,7 @@ def _launches_per_iteration(method: str, triton_launches: list) -> float:
                 options={"maxiter": maxiter, "gtol": 0.0, "lr": 0.01},
             )
         assert res.nit == maxiter
-        counts.append(launches.count + len(triton_launches) - before)
+        counts.append(launches.kernel_ops + len(triton_launches) - before)
     return (counts[1] - counts[0]) / 20
 
 

@@ -689,7 +689,7 @@ def test_argument_errors():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rows measure on a GPU here")
 def test_gpu_bench_rows_say_no_gpu():
     from amopt.bench._cli import Settings, run_rows
-    from amopt.bench._gpu import gpt2_small_shapes, gpu_rows, llama_1b_shapes
+    from benchmarks.gpu import gpt2_small_shapes, gpu_rows, llama_1b_shapes
 
     # GPT-2 small and Llama-3.2-1B, tied output layers: their published parameter counts
     assert sum(math.prod(s) for s in gpt2_small_shapes()) == 124_439_808

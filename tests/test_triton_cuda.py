@@ -3,14 +3,16 @@ CUDA-graph capture (skipped without CUDA; the interpreter tests cover the CPU)."
 
 from __future__ import annotations
 
+import contextlib
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 from amopt.torch import AMSGD, AMAdamW  # noqa: E402
+from benchmarks.counters import LOCAL_SCALAR, OpCounter  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CASES = [
@@ -141,27 +143,26 @@ def test_reduce_overhead_compile(cls, kw):
         torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
 
 
-class _Copies(TorchDispatchMode):
-    """Host-to-device copies (is the source page-locked, is the copy blocking) and reads."""
+@contextlib.contextmanager
+def _copies():
+    """Host-to-device copies (is the source page-locked, is the copy blocking) and reads,
+    seen by the shared op counter; ``reads`` filled when the block ends."""
+    seen = types.SimpleNamespace(uploads=[], reads=[])
 
-    def __init__(self):
-        super().__init__()
-        self.uploads, self.reads = [], []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+    def uploads(func, args, kwargs, out):
         if func is torch.ops.aten.copy_.default:
             dst, src = args[0], args[1]
             if dst.is_cuda and not src.is_cuda:
                 blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking"))
-                self.uploads.append((src.is_pinned(), blocking))
+                seen.uploads.append((src.is_pinned(), blocking))
         if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu":
             device = kwargs.get("device")
             if device is not None and torch.device(device).type == "cuda":
-                self.uploads.append((args[0].is_pinned(), not kwargs.get("non_blocking")))
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.reads.append(str(func))
-        return func(*args, **kwargs)
+                seen.uploads.append((args[0].is_pinned(), not kwargs.get("non_blocking")))
+
+    with OpCounter(uploads) as counter:
+        yield seen
+    seen.reads = [op for op in counter.sequence if op == LOCAL_SCALAR]
 
 
 @pytest.mark.parametrize(("cls", "kw"), CASES)
@@ -182,7 +183,7 @@ def test_reallocated_gradients_copy_their_addresses_asynchronously(cls, kw, monk
         if t >= 2:
             build_plan = tri.build_plan
             monkeypatch.setattr(tri, "build_plan", None)  # a rebuild would fail
-            with _Copies() as copies:
+            with _copies() as copies:
                 opt.step()
             monkeypatch.setattr(tri, "build_plan", build_plan)
             assert copies.uploads, "the new addresses reached the device"
@@ -220,7 +221,7 @@ def test_functional_step_with_host_counters_does_not_wait(per_layer):
         1e-3, 0.999, 1e-8, 0.0, "decoupled", False, AMConfig(beta_max=0.9, per_layer=per_layer)
     )
     triton_am_adamw(t, h)  # the plan is built (its tables are copied once)
-    with _Copies() as copies:
+    with _copies() as copies:
         triton_am_adamw(t, h)
     assert len(copies.uploads) == 1, copies.uploads
     assert all(pinned and not blocking for pinned, blocking in copies.uploads), copies.uploads

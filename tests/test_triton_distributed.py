@@ -63,8 +63,8 @@ def _triton_everywhere() -> list[tuple[bool, bool]]:
     """Make the default path the Triton one on CPU tensors; record, per call of the
     Triton driver, whether it combined sums across ranks and whether it ran on the
     group's plan (the optimizers' planned step)."""
-    from amopt.bench._host import triton_on_cpu
     from amopt.torch import _triton as tri
+    from benchmarks.host import triton_on_cpu
 
     # for the rest of this process (held: a collected context manager would undo itself)
     _HELD.append(triton_on_cpu(stub=False))

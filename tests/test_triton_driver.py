@@ -10,6 +10,7 @@ same gradients, and counts that must not depend on the number of tensors.
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 
@@ -17,10 +18,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from torch._dynamo.utils import counters  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from amopt.torch import AMSGD, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
+from benchmarks.counters import OpCounter  # noqa: E402
 
 KERNELS = ("sgd_reduce", "sgd_apply", "adam_reduce", "adam_apply", "segment_sum")
 CASES = [
@@ -178,19 +179,19 @@ def test_state_entries_are_views_of_the_group_state(cls, kw):
 # --------------------------------------------------------------------------- host work
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-        self.int_outputs: list[str] = []
+def _counted_step(opt):
+    """One ``opt.step()`` under the shared op counter: its operations in order (``ops``),
+    and those that made an integer tensor (``int_outputs``)."""
+    int_outputs: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops.append(str(func))
+    def integer_outputs(func, args, kwargs, out):
         for t in out if isinstance(out, (list, tuple)) else [out]:
             if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dtype != torch.bool:
-                self.int_outputs.append(str(func))
-        return out
+                int_outputs.append(str(func))
+
+    with OpCounter(integer_outputs) as counter:
+        opt.step()
+    return types.SimpleNamespace(ops=counter.sequence, int_outputs=int_outputs)
 
 
 def _planned_step(cls, kw, n, monkeypatch):
@@ -204,8 +205,7 @@ def _planned_step(cls, kw, n, monkeypatch):
     for p, g in zip(params, _grads(params, 2), strict=True):
         p.grad.copy_(g)  # the gradients where they were (zero_grad(set_to_none=False))
     launches.count = 0
-    with _Ops() as ops:
-        opt.step()
+    ops = _counted_step(opt)
     return launches.count, ops
 
 
@@ -243,8 +243,7 @@ def _fresh_grads_step(cls, kw, n, monkeypatch):
     _set_grads(params, _grads(params, 2))
     build_plan = tri.build_plan
     monkeypatch.setattr(tri, "build_plan", no_rebuild)
-    with _Ops() as ops:
-        opt.step()
+    ops = _counted_step(opt)
     monkeypatch.setattr(tri, "build_plan", build_plan)
     plan = opt._am_plans[id(opt.param_groups[0])]
     for launch in plan.plan.launches:  # the grads column holds this step's addresses

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA checks in one run: the tests that need a GPU (CUDA tensors, compiled Triton
-# kernels, CUDA graphs, CuPy), then the GPU rows of the bench. Each step has its own time
-# limit so that one slow step cannot take the others' time. Logs go to $OUT (default ./out).
+# kernels, CUDA graphs, CuPy), then the GPU rows of the maintainers' harness
+# (python -m benchmarks --gpu). Each step has its own time limit so that one slow step
+# cannot take the others' time. Logs go to $OUT (default ./out).
 #   bash tools/gpu_checks.sh [TEST_SECONDS] [BENCH_SECONDS] [BENCH ROW KEYS...]
 # TEST_SECONDS or BENCH_SECONDS 0 skips that step; AMOPT_TEST_WORKERS (default 8) runs the
 # tests in that many pytest-xdist workers where pytest-xdist is installed; AMOPT_PROFILE_S
@@ -38,7 +39,7 @@ echo "tests exit: ${PIPESTATUS[0]}"
 
 rows=()
 [ $# -gt 0 ] && rows=(--rows "$@")
-[ "$bench_s" -gt 0 ] && timeout "$bench_s" python3 -m amopt.bench --gpu --row-seconds 2 \
+[ "$bench_s" -gt 0 ] && timeout "$bench_s" python3 -m benchmarks --gpu --row-seconds 2 \
     "${rows[@]}" --json "$out/bench.json" \
     2>&1 | tee "$out/bench.log" | tail -45
 echo "bench exit: ${PIPESTATUS[0]}"

@@ -18,8 +18,12 @@ import pstats
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+# the harness (benchmarks/, outside the package) from the checkout holding this script
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 part = sys.argv[1]
 dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
@@ -125,8 +129,8 @@ if part == "train":
     prof_table(opts["AdamW(fused)"].step, "AdamW(fused) step after backward")
 
 elif part == "compiled":
-    from amopt.bench._gpu import _shapes, gpu_params
     from amopt.torch import AMAdamW
+    from benchmarks.gpu import _shapes, gpu_params
 
     for name in ("AMAdamW", "AdamW"):
         params = (

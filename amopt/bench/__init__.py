@@ -23,21 +23,22 @@ median of the paired ratios, against the row's target:
 * the NumPy core AM-MGD step / MGD step on 10^7 float64 (<= 1.6);
 * the peak memory the optimizer adds, AMAdamW / AdamW (<= 1.05);
 * a training iteration of a tiny LLaMA (``transformers``, skipped when it is
-  not installed) with AM-AdamW / AdamW (<= 1.01, i.e. at most 1% overhead);
-* CPU stand-ins of the GPU targets: the Triton driver's host time per step with
-  its launches stubbed (<= 0.5 ms at GPT-2 small's 148 tensors, <= 3x that budget
-  with the same parameters in 1480 tensors, the ratio of the two layouts in the
-  note), aten operations per foreach step (<= 1.5x torch's + 40), and host
-  synchronisations (<= 1) and operations per iteration of ``minimize`` on torch
-  tensors.
+  not installed) with AM-AdamW / AdamW (<= 1.01, i.e. at most 1% overhead).
 
-``--gpu`` runs the GPU rows instead ("no GPU" where there is none; a few seconds
-of pairs each, a few minutes together); ``--extra`` adds informational rows;
-``--check`` makes the command exit with status 1 when a target is missed or a
-row fails; ``--quick`` runs every row at small sizes (a smoke test, not the
-targets); ``--json FILE`` also writes the results. The workloads live in
-:mod:`amopt.bench.cases` and :mod:`amopt.bench._host`, shared with the asv suite
-in ``asv_benchmarks/``.
+``--extra`` adds informational rows; ``--problem-set`` runs the problem set
+(iterations to a gradient test of every method on every problem); ``--check``
+makes the command exit with status 1 when a target is missed or a row fails;
+``--quick`` runs every row at small sizes (a smoke test, not the targets);
+``--json FILE`` also writes the results. The workloads live in
+:mod:`amopt.bench.cases`; the timing helpers (:mod:`amopt.bench._timing`) are
+shared with :mod:`amopt.experiments`.
+
+The maintainers' harness is not part of the package: in a checkout of the
+repository, ``python -m benchmarks`` runs these rows with the same flags, plus
+the CPU stand-ins of the GPU targets (the Triton driver's host time with its
+launches stubbed, aten operations and host reads counted per step and per
+``minimize`` iteration), the dask rows, and with ``--gpu`` the GPU rows; the asv
+suite is there too (``benchmarks/asv.conf.json``).
 
 Examples
 --------
@@ -48,7 +49,6 @@ Examples
 
 from amopt.bench._cli import (
     EXTRA_ROWS,
-    GPU_ROWS,
     ROWS,
     Measured,
     Result,
@@ -60,7 +60,6 @@ from amopt.bench._cli import (
 
 __all__ = [
     "EXTRA_ROWS",
-    "GPU_ROWS",
     "ROWS",
     "Measured",
     "Result",

@@ -1,5 +1,5 @@
-"""``python -m amopt.bench [--gpu] [--extra] [--quick] [--check] [--repeat N] [--threads N]
-[--rows KEY ...] [--json FILE]``."""
+"""``python -m amopt.bench [--extra] [--problem-set] [--quick] [--check] [--repeat N]
+[--threads N] [--rows KEY ...] [--json FILE]``."""
 
 from amopt.bench._cli import main
 

@@ -1,8 +1,11 @@
 """``python -m amopt.bench``: the performance targets of amopt, measured side by side.
 
-The top of the bench package: it runs the rows that ``_rows`` (CPU), ``_standins``
-(CPU stand-ins of the GPU targets), ``_gpu`` and ``_dask`` build from the records of
-``_records``, and reports them; nothing below imports it.
+The top of the bench package: it runs the rows that ``_rows`` (the optimizers and the
+core against their baselines) and ``_problem_set`` build from the records of
+``_records``, and reports them; nothing below imports it. The maintainers' harness in
+the repository (``python -m benchmarks``: CPU stand-ins of the GPU targets, GPU and
+dask rows) runs its own rows through :func:`main` too, with the same flags, table and
+JSON.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from amopt.bench import _dask, _gpu, _problem_set, _rows, _standins, cases
+from amopt.bench import _problem_set, _rows, cases
 from amopt.bench._records import Measured, Result, Row, Settings
 from amopt.bench._rows import A9A_ENV
 from amopt.bench._timing import load_average, machine_info, memory_bandwidth
@@ -27,26 +30,22 @@ from amopt.bench._timing import load_average, machine_info, memory_bandwidth
 __all__ = [
     "A9A_ENV",
     "EXTRA_ROWS",
-    "GPU_ROWS",
     "Measured",
     "PROBLEM_SET_ROWS",
     "ROWS",
     "Result",
     "Row",
     "Settings",
+    "Suite",
     "format_report",
     "main",
     "run_rows",
 ]
 
-#: the rows run by default: the CPU targets, and the CPU stand-ins of the GPU targets
-ROWS: tuple[Row, ...] = _rows.ROWS + _standins.ROWS
+#: the rows run by default: the AM optimizers, minimize and the core against their baselines
+ROWS: tuple[Row, ...] = _rows.ROWS
 #: informational rows, run with ``--extra``
-EXTRA_ROWS: tuple[Row, ...] = (
-    _rows.EXTRA_ROWS + _standins.EXTRA_ROWS + _dask.ROWS + _gpu.gpu_rows()
-)
-#: the GPU targets, run with ``--gpu`` ("no GPU" where there is none)
-GPU_ROWS: tuple[Row, ...] = _gpu.ROWS
+EXTRA_ROWS: tuple[Row, ...] = _rows.EXTRA_ROWS
 #: the problem set (``--problem-set``): iterations to a gradient test of every method
 #: on every problem, minimize's default against GD (see amopt.bench._problem_set)
 PROBLEM_SET_ROWS: tuple[Row, ...] = _problem_set.ROWS
@@ -54,6 +53,29 @@ PROBLEM_SET_ROWS: tuple[Row, ...] = _problem_set.ROWS
 GPU_ROW_SECONDS = 3.0
 #: MiB copied by the memory-bandwidth probe of the report's header, by ``Settings.quick``
 _PROBE_MIB = {False: 256, True: 16}
+
+
+#: where the GPU rows are: they measure the project's GPU targets, not a user's question
+GPU_HOME = "python -m benchmarks --gpu, from a checkout of the repository"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The rows one command runs, by flag: ``python -m amopt.bench``'s or the harness's.
+
+    ``gpu_rows`` empty: ``--gpu`` says where the GPU rows are and exits.
+    """
+
+    prog: str
+    rows: tuple[Row, ...]
+    extra_rows: tuple[Row, ...] = ()
+    gpu_rows: tuple[Row, ...] = ()
+    problem_set_rows: tuple[Row, ...] = ()
+
+
+def _own_suite() -> Suite:
+    # read at each call, so that a test can replace this module's ROWS
+    return Suite("python -m amopt.bench", ROWS, EXTRA_ROWS, (), PROBLEM_SET_ROWS)
 
 
 # --------------------------------------------------------------------------- running, report
@@ -223,9 +245,9 @@ def format_report(
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(suite: Suite) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m amopt.bench",
+        prog=suite.prog,
         description=(
             "Measure amopt's performance targets side by side (the AM side and its baseline "
             "interleaved in one run) and print a markdown table."
@@ -248,7 +270,9 @@ def _parser() -> argparse.ArgumentParser:
         "--gpu",
         action="store_true",
         help="the GPU rows (alone, unless --rows, --extra or --all add others; each row "
-        f"times at most about {GPU_ROW_SECONDS:g} s of pairs; 'no GPU' where there is none)",
+        f"times at most about {GPU_ROW_SECONDS:g} s of pairs; 'no GPU' where there is none)"
+        if suite.gpu_rows
+        else f"not here: the GPU rows are the maintainers' harness ({GPU_HOME})",
     )
     p.add_argument(
         "--problem-set",
@@ -260,7 +284,11 @@ def _parser() -> argparse.ArgumentParser:
         "Nesterov, AM-MGD (exact, linear), minimize's default, scipy L-BFGS-B and CG, "
         "and the full table after the report",
     )
-    p.add_argument("--all", action="store_true", help="every row: default, extra and GPU")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every row: default, extra" + (" and GPU" if suite.gpu_rows else ""),
+    )
     p.add_argument(
         "--quick", action="store_true", help="small sizes (a smoke test, not the targets)"
     )
@@ -365,20 +393,30 @@ def _problem_set_outcomes() -> dict:
     }
 
 
-def _select(args: argparse.Namespace) -> list[Row]:
+def _select(args: argparse.Namespace, suite: Suite) -> list[Row]:
     """The rows the flags ask for, in table order."""
+    gpu_rows, problem_set = suite.gpu_rows, suite.problem_set_rows
     if args.all:
-        rows = [*ROWS, *EXTRA_ROWS, *GPU_ROWS, *(PROBLEM_SET_ROWS if args.problem_set else ())]
+        rows = [
+            *suite.rows,
+            *suite.extra_rows,
+            *gpu_rows,
+            *(problem_set if args.problem_set else ()),
+        ]
     elif (args.gpu or args.problem_set) and not args.rows and not args.extra:
         # alone, or the two together
-        rows = [*(GPU_ROWS if args.gpu else ()), *(PROBLEM_SET_ROWS if args.problem_set else ())]
+        rows = [*(gpu_rows if args.gpu else ()), *(problem_set if args.problem_set else ())]
     else:
-        rows = [*ROWS, *(EXTRA_ROWS if args.extra else ()), *(GPU_ROWS if args.gpu else ())]
-        rows += [r for r in PROBLEM_SET_ROWS if args.problem_set]
+        rows = [
+            *suite.rows,
+            *(suite.extra_rows if args.extra else ()),
+            *(gpu_rows if args.gpu else ()),
+        ]
+        rows += [r for r in problem_set if args.problem_set]
         if args.rows:  # --rows reaches a GPU row by its key, or with a selector naming "gpu"
             rows += [
                 r
-                for r in GPU_ROWS
+                for r in gpu_rows
                 if r not in rows and any(sel == r.key or "gpu" in sel for sel in args.rows)
             ]
     if args.rows:
@@ -392,13 +430,16 @@ def _select(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, suite: Suite | None = None) -> int:
     """Entry point of ``python -m amopt.bench``.
 
     Parameters
     ----------
     argv : sequence of str, optional
         Command-line arguments (default ``sys.argv[1:]``); ``--help`` lists them.
+    suite : Suite, optional
+        The rows to run (default: this module's ``ROWS``, ``EXTRA_ROWS`` and
+        ``PROBLEM_SET_ROWS``; the harness in ``benchmarks/`` passes its own).
 
     Returns
     -------
@@ -406,10 +447,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         0, or 1 with ``--check`` when a row misses its target or fails with an error
         (skipped rows do not count as missed).
     """
-    args = _parser().parse_args(argv)
+    suite = _own_suite() if suite is None else suite
+    args = _parser(suite).parse_args(argv)
     if args.repeat < 1:
         raise SystemExit("--repeat must be at least 1")
-    rows = _select(args)
+    if args.gpu and not suite.gpu_rows:
+        raise SystemExit(f"{suite.prog} has no GPU rows: they are in {GPU_HOME}")
+    rows = _select(args, suite)
     if args.list:
         for r in rows:
             target = "info" if r.target is None else f"<= {r.target:g}"
@@ -455,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     after, bw_after = load_average(), memory_bandwidth(mib, threads=settings.threads)
     measures.update(load_after=after, memory_bandwidth_gbs_after=bw_after)
     print(format_report(results, info, settings, (before, after), (bw_before, bw_after)))
-    if any(r.row in PROBLEM_SET_ROWS for r in results):
+    if any(r.row in suite.problem_set_rows for r in results):
         print("\nProblem set: iterations to max|g| <= 1e-6 max|g(x0)| (wall time of the run)\n")
         print(_problem_set.format_table())
     write_json(results)

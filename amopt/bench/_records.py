@@ -1,7 +1,8 @@
 """The records of ``python -m amopt.bench``: settings, a row, its measurement and result.
 
-The bottom of the bench package: the row modules (``_rows``, ``_standins``, ``_gpu``,
-``_dask``) build :class:`Row` objects from these, and ``_cli`` runs and reports them.
+The bottom of the bench package: the row modules (``_rows``, ``_problem_set``, and the
+harness's in ``benchmarks/``) build :class:`Row` objects from these, and ``_cli`` runs
+and reports them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dask rows of ``python -m amopt.bench`` (informational, run with ``--extra``).
+"""The dask rows of ``python -m benchmarks`` (informational, run with ``--extra``).
 
 * ``dask-iteration``: the time per iteration of ``minimize(method="am-mgd")``
   on least squares with a 10^6 x 100 float64 design held by a
@@ -13,7 +13,7 @@
 
 Both need ``dask[distributed]`` (``pip install amopt[dask]``); without it the
 rows are reported as skipped. :class:`DaskMinimizeCase` is shared with the asv
-benchmark ``asv_benchmarks/benchmarks/dask_minimize.py``.
+benchmark ``benchmarks/asv_suite/dask_minimize.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import numpy as np
 
 from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import interleave
+from benchmarks import child_env
 
 __all__ = ["DaskMinimizeCase", "ROWS", "out_of_core_run", "peak_rss"]
 
@@ -271,11 +272,15 @@ def _out_of_core(s: Settings) -> Measured:
     try:
         code = (
             "import json\n"
-            "from amopt.bench._dask import out_of_core_run\n"
+            "from benchmarks.dask_rows import out_of_core_run\n"
             f"print(json.dumps(out_of_core_run(*{size!r}, {where!r})))\n"
         )
         proc = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=1800
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env=child_env(),
         )
     finally:
         shutil.rmtree(where, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 Least squares with a 10^6 x 100 float64 design in 4 chunks, held by a
 LocalCluster of 2 worker processes with 1 thread each, against the same run on
-NumPy arrays (see ``amopt.bench._dask``). ``track_ratio`` records the median,
+NumPy arrays (see ``benchmarks.dask_rows``). ``track_ratio`` records the median,
 over interleaved pairs of runs, of (dask time / NumPy time); a ratio that does
 not grow with the number of iterations is the point of the lazy loop.
 ``time_iteration`` times one dask run. Skipped without ``dask[distributed]``.
@@ -24,7 +24,7 @@ class DaskIteration:
             import distributed  # noqa: F401
         except ImportError as exc:
             raise NotImplementedError(f"missing package: {exc}") from None
-        from amopt.bench import _dask
+        from benchmarks import dask_rows as _dask
 
         n, d, chunks, k = _dask.QUICK_SIZE if cases.quick() else _dask.FULL_SIZE
         self.iterations = k

@@ -1,4 +1,4 @@
-"""GPU rows of ``python -m amopt.bench --gpu``: the GPU targets, "no GPU" where there is none.
+"""GPU rows of ``python -m benchmarks --gpu``: the GPU targets, "no GPU" where there is none.
 
 Every row skips with a reason starting "no GPU" without a CUDA device, and reports
 an error (and the next row runs) where the feature it measures fails. Each row
@@ -50,7 +50,7 @@ limit. Rows, AM side / baseline (target):
 Examples
 --------
 >>> import math
->>> from amopt.bench._gpu import gpt2_small_shapes
+>>> from benchmarks.gpu import gpt2_small_shapes
 >>> sum(math.prod(s) for s in gpt2_small_shapes())
 124439808
 """
@@ -73,7 +73,9 @@ import numpy as np
 from amopt.bench import cases
 from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import Paired, PhaseClock, interleave, interleave_counted, timed_rounds
-from amopt.bench.cases import gpt2_small_shapes, llama_1b_shapes
+from benchmarks import cases as layouts
+from benchmarks import child_env
+from benchmarks.cases import gpt2_small_shapes, llama_1b_shapes
 
 __all__ = [
     "GPU_KINDS",
@@ -118,13 +120,13 @@ def require_cupy() -> Any:
 def _shapes(name: str, quick: bool) -> list[tuple[int, ...]]:
     shapes = {
         "gpt2": gpt2_small_shapes,
-        "gpt2-1480": lambda: cases.many_tensor_shapes(gpt2_small_shapes(), 10),
+        "gpt2-1480": lambda: layouts.many_tensor_shapes(gpt2_small_shapes(), 10),
         "1b": llama_1b_shapes,
         # embeddings, the first 4 of the 12 blocks, final norm: 52 tensors (compiling
         # torch's AdamW over all 148 takes about a minute on a 16-core host)
         "gpt2-4": lambda: gpt2_small_shapes()[: 2 + 4 * 12] + gpt2_small_shapes()[-2:],
     }[name]()
-    return cases.shrunk_shapes(shapes) if quick else shapes
+    return layouts.shrunk_shapes(shapes) if quick else shapes
 
 
 def _am_path(torch: Any, params: list[Any]) -> str:
@@ -289,13 +291,13 @@ def _child(name: str, settings: Settings, timeout: float) -> Measured:
     """Run ``_child_<name>(settings)`` in a fresh Python process; its Measured back."""
     code = (
         "import json, sys\n"
-        "from amopt.bench import _gpu\n"
+        "from benchmarks import gpu as _gpu\n"
         "from amopt.bench._records import Settings\n"
         f"s = Settings(**json.loads({json.dumps(json.dumps(settings.__dict__))}))\n"
         f"m = _gpu._child_{name}(s)\n"
         "print('@@MEASURED ' + json.dumps(m.__dict__))\n"
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = child_env(PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code],
@@ -1095,7 +1097,7 @@ def _measure(shapes_of: Callable[[], list[tuple[int, ...]]]) -> Callable[[Any], 
         import torch
 
         _require_gpu()
-        shapes = cases.shrunk_shapes(shapes_of()) if settings.quick else shapes_of()
+        shapes = layouts.shrunk_shapes(shapes_of()) if settings.quick else shapes_of()
         a = GpuAdamCase("am_adamw_triton", shapes)
         b = GpuAdamCase("adamw_fused", shapes)
         paired = interleave(a.run, b.run, repeat=settings.repeat, warmup=3)

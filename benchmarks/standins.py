@@ -1,7 +1,7 @@
 """CPU rows that stand in for the GPU targets, run everywhere.
 
 * ``triton-host-*``: the host time of a step of ``AMAdamW()`` / ``AMSGD()`` on the
-  Triton driver with its launches stubbed (:class:`amopt.bench._host.TritonHostCase`),
+  Triton driver with its launches stubbed (:class:`benchmarks.host.TritonHostCase`),
   at the GPT-2-small layout (148 tensors; target 0.5 ms) and with the same
   parameters in 1480 tensors (target 3x that budget, 1.5 ms; the time over the
   148-tensor one, measured side by side, in the row's note: what a tensor adds);
@@ -19,7 +19,7 @@
 * ``minimize-bytes-*``: the bytes that the aten operations of an iteration of
   ``minimize(method="mgd" / "am-mgd")`` read and write (:class:`Traffic`), on a
   float64 torch quadratic, against those of the hand-written heavy-ball loop of the
-  ``gpu-quad-*`` rows (:class:`amopt.bench._gpu.HandHeavyBall`) on the same tensors:
+  ``gpu-quad-*`` rows (:class:`benchmarks.gpu.HandHeavyBall`) on the same tensors:
   on a large array a GPU iteration costs its memory traffic;
 * ``minimize-host-*`` (informational): the time per iteration of ``minimize`` on tiny
   torch problems, where the arrays cost nothing, against hand-written loops that read f
@@ -38,11 +38,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from amopt.bench import _host, cases
 from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import Paired, interleave, interleave_counted, timed_rounds
+from benchmarks import cases as layouts
+from benchmarks import host as _host
 
-__all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "Traffic", "layout", "minimize_traffic"]
+__all__ = ["EXTRA_ROWS", "HOST_BUDGET_MS", "ROWS", "layout", "minimize_traffic"]
 
 #: the driver's host time per step allowed at the GPT-2-small layout, ms
 HOST_BUDGET_MS = 0.5
@@ -64,13 +65,13 @@ def layout(n_tensors: int, quick: bool = False) -> list[tuple[int, ...]]:
     >>> len(layout(148)), len(layout(1480))
     (148, 1480)
     """
-    shapes = cases.gpt2_small_shapes()
+    shapes = layouts.gpt2_small_shapes()
     if quick:
-        shapes = cases.shrunk_shapes(shapes)
+        shapes = layouts.shrunk_shapes(shapes)
     if n_tensors == len(shapes):
         return shapes
     if n_tensors == MANY * len(shapes):
-        return cases.many_tensor_shapes(shapes, MANY)
+        return layouts.many_tensor_shapes(shapes, MANY)
     raise ValueError(f"n_tensors must be {len(shapes)} or {MANY * len(shapes)}; got {n_tensors}")
 
 
@@ -276,66 +277,8 @@ def _minimize_ops(
     return measure
 
 
-class Traffic:
-    """Bytes moved and full-size operations of the aten operations run while entered.
-
-    Every operation dispatched counts in ``ops``; one that is not a view adds the
-    sizes of its tensor inputs and outputs to ``bytes`` (0-d tensors aside: on a GPU
-    they are kernel arguments, not traffic) and, when one of them holds at least
-    ``full`` elements, counts in ``full_ops``. A tensor given twice to one operation
-    (``v @ v``) counts once: it is read once.
-
-    Examples
-    --------
-    >>> import torch
-    >>> x = torch.ones(1000, dtype=torch.float64)
-    >>> with Traffic(full=1000) as t:
-    ...     y = 2.0 * x
-    >>> t.bytes, t.full_ops
-    (16000, 1)
-    """
-
-    def __init__(self, full: int) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                out = func(*args, **(kwargs or {}))
-                counter._count(func, args, kwargs or {}, out)
-                return out
-
-        self.full = full
-        self.ops = self.full_ops = self.bytes = 0
-        self._mode = _Mode()
-
-    def _count(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-        import torch
-        from torch.utils._pytree import tree_leaves
-
-        self.ops += 1
-        if func._schema.is_mutable is False and func.is_view:
-            return
-        seen: set[int] = set()
-        big = False
-        for t in tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor) and t.ndim > 0 and id(t) not in seen:
-                seen.add(id(t))
-                self.bytes += t.numel() * t.element_size()
-                big = big or t.numel() >= self.full
-        self.full_ops += big
-
-    def __enter__(self) -> Traffic:
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
-
-
 def _hand_heavy_ball(value_and_grad: Callable, x0: Any, lr: float, beta: float, k: int) -> Any:
-    """:meth:`amopt.bench._gpu.HandHeavyBall.run` on torch tensors: the same operations."""
+    """:meth:`benchmarks.gpu.HandHeavyBall.run` on torch tensors: the same operations."""
     import math
 
     x, d = x0.clone(), None
@@ -355,14 +298,15 @@ def minimize_traffic(
     """Per iteration: bytes, full-size operations and all operations of a run.
 
     ``method`` None runs the hand-written heavy-ball loop of the ``gpu-quad-*`` rows
-    (the operations of :class:`amopt.bench._gpu.HandHeavyBall`), else
+    (the operations of :class:`benchmarks.gpu.HandHeavyBall`), else
     ``amopt.minimize(method=...)`` with ``lr=1`` and ``options``, on the float64 torch quadratic of
-    :func:`amopt.bench._host.minimize_counts` (dimension ``n``, ``x0`` ones). The
+    :func:`benchmarks.host.minimize_counts` (dimension ``n``, ``x0`` ones). The
     figures are the differences between the runs of the two iteration counts over
     their difference (the start and the end of a run cancel). ``bytes`` is divided
     by ``8 n``: in passes over one array.
     """
     import amopt
+    from benchmarks.counters import Traffic
 
     fun, x0 = _host._quadratic(n)
     runs = []
@@ -381,7 +325,7 @@ def minimize_traffic(
     return {
         "bytes": (b.bytes - a.bytes) / steps / (8 * n),
         "full_ops": (b.full_ops - a.full_ops) / steps,
-        "ops": (b.ops - a.ops) / steps,
+        "ops": (b.total_ops - a.total_ops) / steps,
     }
 
 

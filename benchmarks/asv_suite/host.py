@@ -1,8 +1,8 @@
-"""Host-side costs that stand in on the CPU for GPU costs (``amopt.bench._host``).
+"""Host-side costs that stand in on the CPU for GPU costs (``benchmarks.host``).
 
 * the Triton driver's host time per step of ``AMAdamW()`` / ``AMSGD()`` with every
   kernel launch stubbed, at GPT-2 small's layout (148 tensors) and with its
-  parameters in 1480 tensors (the ``triton-host-*`` rows of ``python -m amopt.bench``),
+  parameters in 1480 tensors (the ``triton-host-*`` rows of ``python -m benchmarks``),
   and a compiled step at 148 tensors;
 * aten operations per foreach step, AM against torch (``foreach-ops*``);
 * host synchronisations and aten operations per iteration of ``amopt.minimize`` on
@@ -14,7 +14,9 @@ Counts are ``track_`` benchmarks: asv records them per commit like a time.
 
 from __future__ import annotations
 
-from amopt.bench import _host, _standins, cases
+from amopt.bench import cases
+from benchmarks import host as _host
+from benchmarks import standins as _standins
 
 N_TENSORS = [148, 1480]
 
@@ -109,7 +111,7 @@ class TrackMinimizeHostCounts:
 class TimeMinimizeHost:
     """Iterations of ``minimize`` on tiny torch problems, and of the hand-written loops
     they are measured against (``method`` "hand"): the host work of an iteration, what a
-    GPU iteration waits for (:func:`amopt.bench._standins.host_time_setup`)."""
+    GPU iteration waits for (:func:`benchmarks.standins.host_time_setup`)."""
 
     params = (["mgd", "am-mgd", "hand"], ["full batch"])
     param_names = ["method", "sampling"]

@@ -10,22 +10,23 @@ regression (mushrooms, bundled; a9a when present), from ``x0 = 0`` with
 from __future__ import annotations
 
 from amopt.bench import cases
+from benchmarks import cases as quality
 
 MAXITER = 2000
 
 
 class TrackSolverQuality:
-    params = (list(cases.QUALITY_PROBLEMS), list(cases.QUALITY_METHODS))
+    params = (list(quality.QUALITY_PROBLEMS), list(quality.QUALITY_METHODS))
     param_names = ["problem", "method"]
     timeout = 900
 
     def setup_cache(self) -> dict:
         maxiter = 20 if cases.quick() else MAXITER
         out = {}
-        for problem in cases.QUALITY_PROBLEMS:
-            for method in cases.QUALITY_METHODS:
+        for problem in quality.QUALITY_PROBLEMS:
+            for method in quality.QUALITY_METHODS:
                 try:
-                    out[problem, method] = cases.solver_quality(problem, method, maxiter)
+                    out[problem, method] = quality.solver_quality(problem, method, maxiter)
                 except cases.SkipCase as exc:
                     out[problem, method] = str(exc)
         return out

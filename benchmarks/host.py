@@ -5,15 +5,13 @@ Python a synchronisation; the time the Python driver of the Triton kernels
 spends before its launches is what the GPU waits for. These are counted or
 timed here on CPU tensors:
 
-* :class:`HostCounter`: aten operations (a ``TorchDispatchMode``) and host
-  synchronisations (``aten._local_scalar_dense``, i.e. ``item()``, ``float()``,
-  ``bool()``, plus the ``Tensor`` methods that copy to the host: ``tolist``,
-  ``numpy``, ``__array__``, ``cpu``, ``to("cpu")``);
+* aten operations and host synchronisations, counted with
+  :class:`benchmarks.counters.HostReads` (the counter the tests use too);
 * :func:`triton_on_cpu`: the optimizers' default path routed to the Triton driver on
   CPU tensors (``TRITON_INTERPRET=1``) with every kernel launch replaced by a
   no-op that counts it, so that only the driver's host work runs;
 * :class:`TritonHostCase`, :func:`foreach_step_ops` and :func:`minimize_counts`:
-  the workloads of the stand-in rows (``amopt.bench._standins``) and of the asv
+  the workloads of the stand-in rows (:mod:`benchmarks.standins`) and of the asv
   benchmarks.
 """
 
@@ -21,18 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from amopt.bench import cases
 
+if TYPE_CHECKING:
+    from benchmarks.counters import HostReads
+
 __all__ = [
-    "HOST_METHODS",
-    "HostCounter",
     "LaunchStub",
     "TritonHostCase",
     "device_strategy",
@@ -41,125 +39,6 @@ __all__ = [
     "minimize_counts",
     "triton_on_cpu",
 ]
-
-#: the Tensor methods counted as host synchronisations (a device-to-host copy on a GPU)
-HOST_METHODS = ("tolist", "numpy", "__array__", "cpu", "to")
-#: the aten operation that reads a value to Python (item, float, bool, int, format)
-LOCAL_SCALAR = "aten._local_scalar_dense.default"
-
-
-def _to_host(args: tuple, kwargs: dict) -> bool:
-    """Whether ``Tensor.to(*args, **kwargs)`` names the CPU as its device."""
-    import torch
-
-    for value in (*args, kwargs.get("device")):
-        if isinstance(value, str) and value.split(":")[0] == "cpu":
-            return True
-        if isinstance(value, torch.device) and value.type == "cpu":
-            return True
-    return False
-
-
-class HostCounter:
-    """Count aten operations and host synchronisations while it is entered.
-
-    ``ops`` counts every aten operation dispatched (by name), ``views`` those that are
-    views (``kernel_ops``: the others, the ones a GPU launches); ``syncs`` the reads to
-    the host: each ``aten._local_scalar_dense`` and each call of a method of
-    :data:`HOST_METHODS` (``to`` only with a CPU device), those made inside another
-    such call not counted again (``np.asarray(t)`` calls ``t.__array__``, which calls
-    ``t.numpy()``: one synchronisation). ``sync_sites`` says which of them ran.
-
-    Examples
-    --------
-    >>> import torch
-    >>> x = torch.arange(4.0)
-    >>> with HostCounter() as c:
-    ...     y = (x * 2).sum()
-    ...     v = float(y), y.tolist()
-    >>> c.total_ops, c.syncs, dict(c.sync_sites)
-    (3, 2, {'aten._local_scalar_dense.default': 1, 'tolist': 1})
-    """
-
-    def __init__(self) -> None:
-        self.ops: Counter[str] = Counter()
-        self.views = 0
-        self.sync_sites: Counter[str] = Counter()
-        self._local = threading.local()
-        self._saved: dict[str, Any] = {}
-        self._mode: Any = None
-
-    @property
-    def syncs(self) -> int:
-        return sum(self.sync_sites.values())
-
-    @property
-    def total_ops(self) -> int:
-        return sum(self.ops.values())
-
-    @property
-    def kernel_ops(self) -> int:
-        """The operations that are not views (a view launches no kernel on a GPU)."""
-        return self.total_ops - self.views
-
-    def reset(self) -> None:
-        self.views = 0
-        self.ops.clear()
-        self.sync_sites.clear()
-
-    def _depth(self) -> int:
-        return getattr(self._local, "depth", 0)
-
-    def _wrap(self, name: str, method: Callable) -> Callable:
-        counter = self
-
-        def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            counts = counter._depth() == 0 and (name != "to" or _to_host(args, kwargs))
-            if counts:
-                counter.sync_sites[name] += 1
-            counter._local.depth = counter._depth() + 1
-            try:
-                return method(tensor, *args, **kwargs)
-            finally:
-                counter._local.depth -= 1
-
-        wrapper.__name__ = name
-        return wrapper
-
-    def __enter__(self) -> HostCounter:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-                name = str(func)
-                counter.ops[name] += 1
-                if getattr(func, "is_view", False):
-                    counter.views += 1
-                if name == LOCAL_SCALAR and counter._depth() == 0:
-                    counter.sync_sites[name] += 1
-                return func(*args, **(kwargs or {}))
-
-        for name in HOST_METHODS:
-            self._saved[name] = torch.Tensor.__dict__.get(name)
-            setattr(torch.Tensor, name, self._wrap(name, getattr(torch.Tensor, name)))
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        import torch
-
-        self._mode.__exit__(*exc)
-        for name, saved in self._saved.items():
-            if saved is None:
-                delattr(torch.Tensor, name)  # the method is inherited from TensorBase
-            else:
-                setattr(torch.Tensor, name, saved)
-        self._saved.clear()
-
 
 # --------------------------------------------------------------------------- Triton on CPU
 
@@ -418,7 +297,7 @@ def device_strategy() -> Iterator[bool]:
 
 def foreach_step_ops(
     kind: str, shapes: list[tuple[int, ...]], *, as_on_gpu: bool = False
-) -> HostCounter:
+) -> HostReads:
     """The aten operations and synchronisations of one step (the second) of ``kind``.
 
     ``kind`` is ``"am_adamw_foreach"``, ``"adamw_foreach"``, ``"amsgd_foreach"`` or
@@ -428,6 +307,8 @@ def foreach_step_ops(
     (``counter.as_on_gpu`` says whether it applied).
     """
     import torch
+
+    from benchmarks.counters import HostReads
 
     cases.apply_threads()
     gen = torch.Generator().manual_seed(0)
@@ -440,7 +321,7 @@ def foreach_step_ops(
     strategy = device_strategy() if as_on_gpu else contextlib.nullcontext(False)
     with strategy as applied:
         opt.step()
-        with HostCounter() as counter:
+        with HostReads() as counter:
             opt.step()
     counter.as_on_gpu = bool(applied)  # type: ignore[attr-defined]
     return counter
@@ -538,10 +419,11 @@ def minimize_counts(
 
         x0 = torch.zeros(problem.A.shape[1], dtype=torch.float64)
     from amopt import _loop
+    from benchmarks.counters import HostReads
 
     runs = []
     for k in (k1, k2):
-        counter = HostCounter()
+        counter = HostReads()
         saved, _loop._PIPELINE = _loop._PIPELINE, pipelined or None
         try:
             with counter:
