@@ -1,6 +1,6 @@
 """The fused CuPy apply of an AM momentum step: the array operations' values, bit for bit.
 
-Without a GPU the kernel body (``amopt._cupy_apply.source``) is compiled as C by the
+Without a GPU the kernel body (``amopt.backends.cupy.apply.source``) is compiled as C by the
 machine's C compiler, the CUDA intrinsics it calls defined as the plain IEEE operations
 they are (``__fmul_rn(a, b)`` is ``a * b`` rounded to nearest in float32; contraction
 into fused multiply-adds off, as the intrinsics guarantee on the device), and compared
@@ -16,8 +16,9 @@ import shutil
 import numpy as np
 import pytest
 
-from amopt import _core, _cupy_apply
-from amopt._config import AMConfig
+from amopt.optimize import steps as _core
+from amopt.backends.cupy import apply as _cupy_apply
+from amopt.core.config import AMConfig
 from amopt.backends import library_available
 
 from _kernel_bodies import INTRINSICS, compile_library, same_bits

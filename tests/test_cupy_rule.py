@@ -1,6 +1,6 @@
 """The fused CuPy rule kernel: its body, generated from the rule's tape, is the rule.
 
-Without a GPU the kernel body (``amopt._cupy_rule.source``) is compiled as C by the
+Without a GPU the kernel body (``amopt.backends.cupy.rule.source``) is compiled as C by the
 machine's C compiler, the CUDA intrinsics it calls defined as the plain IEEE operations
 they are (``__dadd_rn(a, b)`` is ``a + b`` rounded to nearest; contraction into fused
 multiply-adds off, as the intrinsics guarantee on the device), and run over many
@@ -17,8 +17,10 @@ import warnings
 import numpy as np
 import pytest
 
-from amopt import _core, _cupy_rule, _rule
-from amopt._config import AMConfig
+from amopt.optimize import steps as _core
+from amopt.backends.cupy import rule as _cupy_rule
+from amopt.core import rule as _rule
+from amopt.core.config import AMConfig
 from amopt.backends import library_available
 
 from _kernel_bodies import compile_library, same_bits

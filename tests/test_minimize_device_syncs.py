@@ -27,7 +27,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import amopt
-from amopt import _loop, _rule, _tape
+from amopt.optimize import loop as _loop
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
 from amopt.backends import library_available
 
 from _objectives import Logistic, logreg_data
@@ -241,8 +243,8 @@ def _ops(fn):
 
 def _step_ops(method, x, g):
     """Dispatched ops of one core step of ``method`` (past its first) at ``x``, ``g``."""
-    from amopt import _core
-    from amopt._config import AMConfig
+    from amopt.optimize import steps as _core
+    from amopt.core.config import AMConfig
 
     xs, gs = (x,), (g,)
     if method == "gd":
@@ -307,7 +309,7 @@ def test_the_rule_runs_on_host_numbers(monkeypatch, method):
         prob, torch.zeros(20, dtype=torch.float64), method=method, options=_options(method, False)
     )
     # NumPy values (several scopes, or a rule that cannot be recorded), or the rule
-    # recorded once (amopt._tape) and its tape run on host floats: never a tensor
+    # recorded once (amopt.core.tape) and its tape run on host floats: never a tensor
     assert seen and set(seen) <= {np.ndarray, _tape._Sums}
 
 
@@ -490,7 +492,11 @@ def _imports(path: Path) -> set[str]:
 
 def test_no_import_circle_through_the_loop_and_the_lazy_package():
     root = Path(amopt.__file__).parent
-    files = [root / "_loop.py", *sorted((root / "_lazy").glob("*.py"))]
+    files = [
+        root / "optimize" / "loop.py",
+        root / "backends" / "device.py",
+        *sorted((root / "backends" / "dask").glob("*.py")),
+    ]
     names = {
         ".".join(f.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): f
         for f in files
@@ -500,10 +506,10 @@ def test_no_import_circle_through_the_loop_and_the_lazy_package():
     }
     # nothing in the lazy package imports the loop (or anything above it)
     for name in names:
-        if name.startswith("amopt._lazy"):
-            assert "amopt._loop" not in _imports(names[name]), name
+        if name.startswith(("amopt.backends.dask", "amopt.backends.device")):
+            assert "amopt.optimize.loop" not in _imports(names[name]), name
             assert not any(
-                m.startswith(("amopt._methods", "amopt._minimize")) for m in _imports(names[name])
+                m.startswith(("amopt.optimize.methods", "amopt.optimize.minimize")) for m in _imports(names[name])
             ), name
 
     def reaches(start, target, seen=()):

@@ -2,8 +2,8 @@
 
 On an asynchronous device (torch CUDA tensors, CuPy arrays) ``minimize`` runs its
 loop, full-batch or mini-batch, one step ahead of its reads
-(``amopt._loop._run_pipelined``). torch
-tensors on the CPU take it when ``amopt._loop._PIPELINE`` forces it; a read there is
+(``amopt.optimize.loop._run_pipelined``). torch
+tensors on the CPU take it when ``amopt.optimize.loop._PIPELINE`` forces it; a read there is
 made when the loop waits for it, so the order of evaluations and waits is the
 pipeline's. The reference is the waiting loop (``_PIPELINE = False``) on the same
 tensors and, for the non-finite runs, NumPy.
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import amopt
-from amopt import _loop
-from amopt._lazy import _device
+from amopt.optimize import loop as _loop
+from amopt.backends import device as _device
 from amopt.backends import library_available
 
 from test_minimize_device_syncs import (
@@ -359,7 +359,7 @@ def test_the_device_rule_takes_the_library_behind_the_compat_namespace():
     import array_api_compat.numpy as npx
     import array_api_compat.torch as tx
 
-    from amopt._reduce import plain_namespace
+    from amopt.core.reduce import plain_namespace
 
     assert plain_namespace(tx) is torch
     assert plain_namespace(npx) is npx
@@ -370,8 +370,9 @@ def test_the_device_rule_takes_the_library_behind_the_compat_namespace():
 def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
     """The device rule's calls on a NumPy-like library module (CuPy's API is NumPy's),
     here NumPy itself, give the host rule's betas and gammas bit for bit."""
-    from amopt import _core, _rule
-    from amopt._config import AMConfig
+    from amopt.optimize import steps as _core
+    from amopt.core import rule as _rule
+    from amopt.core.config import AMConfig
 
     rng = np.random.default_rng(3)
     values = []

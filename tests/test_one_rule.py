@@ -1,4 +1,4 @@
-"""The beta rules exist once: replacing them in ``amopt._rule`` changes every surface.
+"""The beta rules exist once: replacing them in ``amopt.core.rule`` changes every surface.
 
 Each rule function is swapped (monkeypatch) for one that returns a marker value of
 beta that no real rule would produce on these problems; then every surface must
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import amopt
-from amopt import _rule
+from amopt.core import rule as _rule
 from amopt.bench import cases
 from amopt.torch import AMSGD, AMAdam, AMAdamW
 
@@ -160,8 +160,8 @@ def test_host_rule_on_scalars_is_the_rule_on_arrays(variant):
     the same values, bit for bit, as the rule on a NumPy array of that scope, over
     ordinary, degenerate (tiny ``<v,v>``), overflowing (inf, NaN) and signed sums, for
     both families and both numerators."""
-    from amopt import _core
-    from amopt._config import AMConfig
+    from amopt.optimize import steps as _core
+    from amopt.core.config import AMConfig
 
     rng = np.random.default_rng(0)
     rows = list(np.exp(rng.normal(0.0, 3.0, size=(200, 5))) * rng.choice([-1.0, 1.0], (200, 5)))

@@ -1,7 +1,7 @@
 """The AM-MGD rule of ``minimize`` on torch CUDA tensors as one Triton kernel.
 
 Without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set here
-for this module only) on CPU tensors, which ``amopt._torch_rule.FORCE`` lets it take.
+for this module only) on CPU tensors, which ``amopt.backends.torch.rule.FORCE`` lets it take.
 The reference is the rule itself on float64 NumPy sums (bit for bit), and, for whole
 runs, the waiting loop, whose rule runs on host floats.
 """
@@ -18,8 +18,11 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 import amopt
-from amopt import _loop, _rule, _torch_apply, _torch_rule
-from amopt._config import AMConfig
+from amopt.optimize import loop as _loop
+from amopt.core import rule as _rule
+from amopt.backends.torch import apply as _torch_apply
+from amopt.backends.torch import rule as _torch_rule
+from amopt.core.config import AMConfig
 
 from _kernel_bodies import same_bits
 from _launches import Launches

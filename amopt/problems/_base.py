@@ -9,8 +9,9 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ..backends import array_namespace, is_array, to_numpy
-from ._device_sparse import (
+from ..backends import to_numpy
+from ..core.xp import array_namespace, is_array
+from ..backends.sparse import (
     DeviceCSR,
     _GatheredRows,
     _SelectedRows,
@@ -149,7 +150,7 @@ class _RowSum(FiniteSumProblem):
     """A finite sum over the rows of a design: :math:`f_i` depends on row ``i`` and its target.
 
     Subclasses set ``_data`` (a :class:`_Design`, or the chunked design of
-    :mod:`amopt._lazy` for a dask ``X``) and ``_eval(x, xp, X, t, m, XT=None)``,
+    :mod:`amopt.backends.dask` for a dask ``X``) and ``_eval(x, xp, X, t, m, XT=None)``,
     the objective and gradient of the ``m`` rows ``X`` with targets ``t``;
     ``_shapes`` are the accepted shapes of ``x`` (None: ``(dim,)``).
     """
@@ -348,7 +349,7 @@ class _Design:
         """``(X, targets)`` in the namespace/device/dtype of ``x``.
 
         A sparse ``X`` stays a SciPy matrix for NumPy ``x``, becomes a
-        :class:`~._device_sparse.DeviceCSR` (torch sparse CSR or
+        :class:`~amopt.backends.sparse.DeviceCSR` (torch sparse CSR or
         ``cupyx.scipy.sparse``) for torch and CuPy ``x``; built once per
         (namespace, device, dtype) and cached.
         """

@@ -11,10 +11,10 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.special
 
-from .. import _lazy
+from ..backends import dask as _lazy
 from ..backends import to_numpy
 from ..datasets._libsvm import _check_label_values, _label_convention, binary_labels, class_indices
-from . import _cupy_logistic
+from ..backends.cupy import logistic as _cupy_logistic
 from ._base import _check_int, _check_scalar, _Design, _RowSum, _SolvedNumerically
 from ._reference import ReferenceSolution, solve_reference
 
@@ -41,7 +41,7 @@ def _design(X: Any, targets: np.ndarray, lazy_labels: Any, kind: str, classes: n
     they stay where the labels are (e.g. on the workers of a cluster).
     """
     if lazy_labels is not None:
-        from .._lazy._design import label_targets
+        from ..backends.dask._design import label_targets
 
         targets = label_targets(lazy_labels, kind, classes)
     return _lazy.design(X, targets) or _Design(X, targets)

@@ -69,8 +69,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from amopt import _rule, _tape, _torch_rule
-from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
+from amopt.backends.torch import rule as _torch_rule
+from amopt.core.config import AMConfig, check_bool, check_choice, check_nonnegative
 from amopt.torch import _eager
 from amopt.torch._records import (
     NO_SCALER,

@@ -1,13 +1,13 @@
 """The AM-MGD rule on CuPy arrays as one kernel, generated from the rule's tape.
 
 The pipelined loop of :func:`amopt.minimize` runs the rule on the device
-(``amopt._core.am_momentum_apply``). As array operations on 0-d arrays that is about
+(``amopt.optimize.steps.am_momentum_apply``). As array operations on 0-d arrays that is about
 twenty kernel launches per iteration, each some microseconds of Python and CUDA on the
 host. Here the rule, from the split's three dots of each scope (and the decrease of f
 for the exact numerator) to beta and gamma, is recorded once as a tape
-(:mod:`amopt._tape`, from the rule in :mod:`amopt._rule` when the step runs) and
+(:mod:`amopt.core.tape`, from the rule in :mod:`amopt.core.rule` when the step runs) and
 compiled into one ``cupy.ElementwiseKernel`` over the scopes: the same IEEE operations
-in the same order, bit for bit the host rule's values (:func:`amopt._tape.c_source`).
+in the same order, bit for bit the host rule's values (:func:`amopt.core.tape.c_source`).
 
 A rule that cannot be recorded, or a kernel that CuPy cannot build, leaves the rule to
 the array operations (the latter with one warning per process).
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amopt import _tape
-from amopt._fallback import kernel_failed
+from amopt.core import tape as _tape
+from amopt.backends.fallback import kernel_failed
 
 __all__ = ["momentum_rule", "source"]
 

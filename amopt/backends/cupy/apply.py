@@ -1,6 +1,6 @@
 """The AM momentum apply on CuPy arrays as one kernel: the new d and x in one pass.
 
-The apply of an AM momentum step (``amopt._core.am_momentum_apply``) is
+The apply of an AM momentum step (``amopt.optimize.steps.am_momentum_apply``) is
 
 .. math::
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amopt._fallback import kernel_failed
+from amopt.backends.fallback import kernel_failed
 
 __all__ = ["momentum_apply", "source"]
 

@@ -1,4 +1,4 @@
-r"""A rule of :mod:`amopt._rule` recorded as a tape of scalar operations.
+r"""A rule of :mod:`amopt.core.rule` recorded as a tape of scalar operations.
 
 The rules are branch-free array-API functions, so running one on a recording
 namespace (:func:`trace`) gives the exact sequence of elementwise operations it
@@ -6,7 +6,7 @@ performs on one scope's sums. A kernel that cannot call back into Python between
 reduce and apply passes (the fused CPU kernels, which interleave the two per chunk of
 tensors while the chunk is still in cache) evaluates that tape per scope instead. The
 math still exists once: the tape is recorded from the rule that is in
-:mod:`amopt._rule` when the step runs, and holds only IEEE operations (``+ - * /``,
+:mod:`amopt.core.rule` when the step runs, and holds only IEEE operations (``+ - * /``,
 comparisons, ``where``, ``isnan``, ``maximum``, ``minimum``), evaluated in float64 one
 rounding each, as NumPy evaluates the rule on float64 sums.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from amopt import _rule
+from amopt.core import rule as _rule
 
 __all__ = [
     "INSN",
@@ -228,7 +228,7 @@ def input_rule(xp: Any, sums: Any, cfg: Any, *, base: Any, name: str, **kwargs: 
     What changes from step to step without changing the rule (the learning-rate ratio of
     the linearised numerators, AM-Adam's first-step flag) is then an input of the tape
     rather than a constant: one kernel serves every step. ``base`` is the rule looked
-    up in :mod:`amopt._rule` by the caller when the step runs (and part of the cache
+    up in :mod:`amopt.core.rule` by the caller when the step runs (and part of the cache
     key), so a replaced rule is the one recorded.
     """
     return base(xp, sums, cfg, **{name: sums[..., 3]}, **kwargs)
@@ -339,7 +339,7 @@ def python_rule(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Callabl
 
 
 def momentum_of_dots(base: Any, config: Any, lr: float, exact: bool) -> tuple | None:
-    """The tape of :func:`amopt._rule.momentum_beta_of_dots` (``rule`` ``base``): the rule
+    """The tape of :func:`amopt.core.rule.momentum_beta_of_dots` (``rule`` ``base``): the rule
     of ``minimize``'s device split, from a scope's three dots (and the decrease of f,
     with ``exact``) to beta and gamma; None where it cannot be recorded."""
     return traced(

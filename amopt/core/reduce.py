@@ -5,8 +5,8 @@ accumulation dtype (float64 if any array of the scope is float64, else float32:
 half-precision inputs are promoted before any product, so that squares neither
 overflow nor underflow in the input dtype); scopes of different accumulation dtypes
 give a list of rows instead. The order of the sums is that of
-:data:`amopt._rule.MOMENTUM_SUMS` / :data:`amopt._rule.ADAM_SUMS`; the rule in
-:mod:`amopt._rule` maps them to beta. Also here: the array helpers the core's
+:data:`amopt.core.rule.MOMENTUM_SUMS` / :data:`amopt.core.rule.ADAM_SUMS`; the rule in
+:mod:`amopt.core.rule` maps them to beta. Also here: the array helpers the core's
 step functions share (parameter lists, scopes, accumulation dtypes).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import array_api_compat
 
-from amopt.backends import accumulation_dtype
+from amopt.core.xp import accumulation_dtype
 
 __all__ = [
     "Array",
@@ -88,7 +88,7 @@ def cast(xp: Any, a: Array, dtype: Any) -> Array:
 def plain_namespace(xp: Any) -> Any:
     """The library behind a compat namespace of torch or CuPy, for the rule on a device.
 
-    The rule (:mod:`amopt._rule`) is a few elementwise operations on 0-d arrays; its
+    The rule (:mod:`amopt.core.rule`) is a few elementwise operations on 0-d arrays; its
     functions are the library's own there, without the compat layer's wrappers: a
     Python call less each, and for CuPy a ``clip`` without boolean-mask assignments,
     each of which reads the mask's count back to the host. Any other ``xp`` is
@@ -167,8 +167,8 @@ def adam_sums(
     """AM-Adam(W) sums ``N, D, ref`` of each scope, shape ``(n_scopes, 3)``.
 
     ``ps`` is the preconditioner of every array; ``weights`` (from
-    :func:`amopt._rule.adam_weights`) weigh the elementwise terms of the numerator,
-    :data:`amopt._rule.ADAM_TERMS` or, with ``exact``, :data:`amopt._rule.ADAM_EXACT_TERMS`.
+    :func:`amopt.core.rule.adam_weights`) weigh the elementwise terms of the numerator,
+    :data:`amopt.core.rule.ADAM_TERMS` or, with ``exact``, :data:`amopt.core.rule.ADAM_EXACT_TERMS`.
     A zero weight skips its term.
     """
     rows = []

@@ -20,17 +20,15 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-from amopt import (
-    _cupy_apply,
-    _cupy_rule,
-    _numpy_fast,
-    _rule,
-    _tape,
-    _torch_apply,
-    _torch_rule,
-)
-from amopt._config import AMConfig, config_of_call, rule_keywords
-from amopt._reduce import (
+from amopt.backends.cupy import apply as _cupy_apply
+from amopt.backends.cupy import rule as _cupy_rule
+from amopt.backends import numpy as _numpy_fast
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
+from amopt.backends.torch import apply as _torch_apply
+from amopt.backends.torch import rule as _torch_rule
+from amopt.core.config import AMConfig, config_of_call, rule_keywords
+from amopt.core.reduce import (
     Array,
     acc_dtype,
     adam_sums,
@@ -43,8 +41,8 @@ from amopt._reduce import (
     row,
     scopes,
 )
-from amopt._rule import NUMERATORS, VARIANTS
-from amopt.backends import array_namespace
+from amopt.core.rule import NUMERATORS, VARIANTS
+from amopt.core.xp import array_namespace
 
 __all__ = [
     "AMState",
@@ -112,8 +110,8 @@ def am_beta(
     linearised numerator :math:`(1+\lambda)\langle g, g\rangle - \lambda\langle v, v\rangle`
     otherwise. ``beta = 0`` when :math:`\langle v,v\rangle \le \epsilon^2
     (\langle d,d\rangle + \langle g,g\rangle)` (this covers ``d = g`` and
-    ``d = g = 0``); a NaN never comes out. This is :func:`amopt._reduce.momentum_sums`
-    followed by the one rule, :func:`amopt._rule.momentum_beta`.
+    ``d = g = 0``); a NaN never comes out. This is :func:`amopt.core.reduce.momentum_sums`
+    followed by the one rule, :func:`amopt.core.rule.momentum_beta`.
 
     Parameters
     ----------
@@ -164,7 +162,7 @@ def apply_variant(
 
     ``"clip"``: :math:`\max(\beta_{AM}, \beta_{\min})`;
     ``"restart"``: :math:`\beta_{high}` if :math:`\beta_{AM} \ge \theta` else :math:`\beta_{low}`;
-    ``None``: :math:`\beta_{AM}` unchanged. (:func:`amopt._rule.apply_variant`.)
+    ``None``: :math:`\beta_{AM}` unchanged. (:func:`amopt.core.rule.apply_variant`.)
 
     Examples
     --------
@@ -313,7 +311,7 @@ def classical_momentum_step(
     Examples
     --------
     >>> import numpy as np
-    >>> from amopt._core import classical_momentum_step, heavy_ball_init
+    >>> from amopt.optimize.steps import classical_momentum_step, heavy_ball_init
     >>> x, g = np.array([1.0]), np.array([1.0])
     >>> x, s = classical_momentum_step(x, g, heavy_ball_init(x), lr=0.5, beta=0.9)
     >>> x, s.d
@@ -491,7 +489,7 @@ def am_momentum_step(
 
     if _numpy_fast.eligible(xs, gs, state.d):
         # Plain NumPy arrays: the same reduce -> rule -> apply with fewer passes over
-        # memory and no array-API dispatch (see amopt._numpy_fast); no caller array is
+        # memory and no array-API dispatch (see amopt.backends.numpy); no caller array is
         # modified there either.
         if weight_decay != 0:
             gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
@@ -530,7 +528,7 @@ def am_momentum_step(
 
 # --------------------------------------------------------------------------- device split
 # On a device the step is cut at the rule: the sums go to the host with the loop's other
-# values in one transfer (amopt._lazy.read), the rule runs there on NumPy float64 (the same
+# values in one transfer (amopt.backends.dask.read), the rule runs there on NumPy float64 (the same
 # IEEE operations as on the device), and the apply kernels take its coefficients as
 # Python numbers, rounded to the arrays' dtype as a 0-d array of that dtype would hold them.
 
@@ -557,7 +555,7 @@ def _flat(xp: Any, a: Array) -> Array:
 
 
 class _HostScalars:
-    """The few functions of the rule (:mod:`amopt._rule`) on NumPy float64 scalars.
+    """The few functions of the rule (:mod:`amopt.core.rule`) on NumPy float64 scalars.
 
     One scope's rule on the host is a few dozen operations on single numbers; on 0-d
     NumPy arrays each costs about a microsecond of dispatch, on NumPy scalars a small
@@ -598,7 +596,7 @@ class _HostScalars:
 def _host_rule(rule: Any, sums: Any, k: int, config: AMConfig, **kwargs: Any) -> Any:
     """``rule`` on the host: ``sums`` (read floats, ``k`` per scope) as float64 NumPy values.
 
-    One scope runs as the rule's tape in Python floats (:func:`amopt._tape.python_rule`:
+    One scope runs as the rule's tape in Python floats (:func:`amopt.core.tape.python_rule`:
     the same IEEE operations bit for bit, about a twentieth of NumPy's cost per
     operation on scalars), or on NumPy scalars (:class:`_HostScalars`) where the rule
     cannot be recorded; several on an array with ``numpy`` itself as the namespace
@@ -669,7 +667,7 @@ def am_momentum_sums(
     :math:`\langle g,g\rangle` and :math:`\langle v,g\rangle` (:math:`v = d - g`).
     Each is one ``@`` of two flattened arrays (a BLAS dot on the device; the
     operator, without the namespace's wrapper); :func:`am_momentum_apply` forms the
-    rule's :data:`amopt._rule.MOMENTUM_SUMS` from them on the host.
+    rule's :data:`amopt.core.rule.MOMENTUM_SUMS` from them on the host.
     """
     xs, _ = as_tuple(params)
     gs, _ = as_tuple(grads)
@@ -695,7 +693,7 @@ def am_momentum_sums(
 
 
 def _momentum_sums_of(read: list[float], exact: bool) -> list[float]:
-    r""":data:`amopt._rule.MOMENTUM_SUMS` from :func:`am_momentum_sums`'s values.
+    r""":data:`amopt.core.rule.MOMENTUM_SUMS` from :func:`am_momentum_sums`'s values.
 
     With :math:`d = v + g`: :math:`\langle v,d\rangle = \langle v,v\rangle +
     \langle v,g\rangle` and :math:`\langle d,d\rangle = \langle v,v\rangle +
@@ -731,8 +729,8 @@ def am_momentum_apply(
     :func:`am_momentum_step` returns, with host betas or 0-d device betas.
 
     On CuPy arrays, and on torch CUDA tensors with the rule on the device, the rule and
-    the apply each run as one generated kernel (:mod:`amopt._cupy_rule`,
-    :mod:`amopt._cupy_apply`, :mod:`amopt._torch_rule`, :mod:`amopt._torch_apply`) with
+    the apply each run as one generated kernel (:mod:`amopt.backends.cupy.rule`,
+    :mod:`amopt.backends.cupy.apply`, :mod:`amopt.backends.torch.rule`, :mod:`amopt.backends.torch.apply`) with
     the values of the array operations below, bit for bit.
     """
     xs, single = as_tuple(params)
@@ -1000,8 +998,8 @@ def am_adam_beta(
     or, with ``f_decrease`` (:math:`f_{prev} - f`), the exact
     :math:`N = (1+\mu\eta)(f_{prev}-f)/\eta - \sum w (d-g)(g+\lambda p d) - \mu \sum x(d-g)`.
     ``beta = 0`` when :math:`D \le \epsilon^2 (\sum w d^2 + \sum w g^2)`. This is
-    :func:`amopt._reduce.adam_sums` followed by the one rule,
-    :func:`amopt._rule.adam_beta`.
+    :func:`amopt.core.reduce.adam_sums` followed by the one rule,
+    :func:`amopt.core.rule.adam_beta`.
 
     Examples
     --------
@@ -1190,10 +1188,10 @@ def am_adam_sums(
 
     Returns ``(pending, sums)``: what :func:`am_adam_apply` needs again, and, per
     array, the sums of the numerator's terms of nonzero weight
-    (:data:`amopt._rule.ADAM_TERMS` or :data:`amopt._rule.ADAM_EXACT_TERMS`), of
+    (:data:`amopt.core.rule.ADAM_TERMS` or :data:`amopt.core.rule.ADAM_EXACT_TERMS`), of
     ``w (d-g)^2``, ``w d^2`` and ``w g^2``, each one ``@`` of two flattened arrays
     in the accumulation dtype; :func:`am_adam_apply` weighs and adds them into the
-    rule's :data:`amopt._rule.ADAM_SUMS` on the host.
+    rule's :data:`amopt.core.rule.ADAM_SUMS` on the host.
     """
     xs0, _ = as_tuple(params)
     gs, _ = as_tuple(grads)

@@ -1,6 +1,6 @@
 """The AM momentum apply on torch CUDA tensors as one Triton kernel.
 
-The counterpart of :mod:`amopt._cupy_apply` for torch: in the pipelined loop of
+The counterpart of :mod:`amopt.backends.cupy.apply` for torch: in the pipelined loop of
 :func:`amopt.minimize`, :math:`d_{t+1} = g_t + \\gamma_t (d_t - g_t)` and
 :math:`x_{t+1} = x_t - \\eta\\, d_{t+1}` in one launch that reads :math:`x`, :math:`g`
 and :math:`v = d - g` (or :math:`d`) and writes the new :math:`d` and :math:`x` (five
@@ -9,7 +9,7 @@ into multiply-adds, every operation rounds once in float64, as torch's operation
 their values bit for bit.
 
 Contiguous float64 tensors on CUDA (CPU tensors under ``TRITON_INTERPRET=1`` when
-:data:`amopt._torch_rule.FORCE` asks), with ``gamma`` a 0-d float64 tensor (the device
+:data:`amopt.backends.torch.rule.FORCE` asks), with ``gamma`` a 0-d float64 tensor (the device
 rule's). float32 keeps the tensor operations: Triton may compile float32 arithmetic to
 instructions that flush subnormal values to zero, which torch's kernels keep (float64
 has no such mode). Anything else, or a kernel Triton cannot build (one warning per
@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from amopt import _torch_rule
-from amopt._fallback import kernel_failed
+from amopt.backends.torch import rule as _torch_rule
+from amopt.backends.fallback import kernel_failed
 
 __all__ = ["momentum_apply"]
 

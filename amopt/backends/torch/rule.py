@@ -1,12 +1,12 @@
 """The AM-MGD rule on torch CUDA tensors as one Triton kernel, generated from the rule's tape.
 
-The counterpart of :mod:`amopt._cupy_rule` for torch: the pipelined loop of
-:func:`amopt.minimize` runs the rule on the device (``amopt._core.am_momentum_apply``),
+The counterpart of :mod:`amopt.backends.cupy.rule` for torch: the pipelined loop of
+:func:`amopt.minimize` runs the rule on the device (``amopt.optimize.steps.am_momentum_apply``),
 which as tensor operations on 0-d tensors is about twenty-five kernel launches per
 iteration. Here the rule, from the split's three dots of each scope (and the decrease of
 f for the exact numerator) to beta and gamma, is recorded once as a tape
-(:mod:`amopt._tape`) and written out as a Triton kernel over the scopes
-(:func:`amopt._tape.triton_kernel`, compiled without contraction into multiply-adds):
+(:mod:`amopt.core.tape`) and written out as a Triton kernel over the scopes
+(:func:`amopt.core.tape.triton_kernel`, compiled without contraction into multiply-adds):
 the same IEEE operations in the same order in float64, bit for bit the rule's values.
 
 It runs on CUDA tensors where Triton imports, and on CPU tensors only when the tests ask
@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from amopt import _tape
-from amopt._fallback import kernel_failed
+from amopt.core import tape as _tape
+from amopt.backends.fallback import kernel_failed
 
 __all__ = ["applies", "momentum_rule"]
 
@@ -51,7 +51,7 @@ def rule_options(interpret: bool) -> dict[str, Any]:
 
 def run_rule(kernel: Any, sums: Any, n_out: int, out: Any, interpret: bool) -> Any:
     """``(n_out, n_scopes)`` outputs, of torch dtype ``out``, of a rule kernel
-    (:func:`amopt._tape.triton_kernel`) on the ``(n_scopes, K)`` sums of every scope:
+    (:func:`amopt.core.tape.triton_kernel`) on the ``(n_scopes, K)`` sums of every scope:
     the launcher of this module's kernel and of the optimizers' Triton drivers."""
     import torch
     import triton.language as tl

@@ -1,7 +1,7 @@
 """One warning per process for a fused kernel that could not be built or run.
 
-The fused kernels of the device loops (:mod:`amopt._cupy_rule`, :mod:`amopt._cupy_apply`,
-:mod:`amopt._torch_rule`, :mod:`amopt._torch_apply`, the CuPy logistic loss) fall back to
+The fused kernels of the device loops (:mod:`amopt.backends.cupy.rule`, :mod:`amopt.backends.cupy.apply`,
+:mod:`amopt.backends.torch.rule`, :mod:`amopt.backends.torch.apply`, the CuPy logistic loss) fall back to
 the array operations they replace when a compiler rejects them: the run goes on with the
 same values, and the user hears of it once.
 """

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._fallback import kernel_failed
+from amopt.backends.fallback import kernel_failed
 
 __all__ = ["loss_and_residual", "source"]
 
