@@ -19,6 +19,8 @@ am_momentum_step, am_adam_step, ...
     The pure array-API rules everything else is built on.
 """
 
+from amopt.optimize.finite_sum import FiniteSum
+from amopt.optimize.minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method, show_options
 from amopt.optimize.steps import (
     AdamState,
     AMAdamState,
@@ -37,8 +39,6 @@ from amopt.optimize.steps import (
     heavy_ball_init,
     heavy_ball_step,
 )
-from amopt.optimize.finite_sum import FiniteSum
-from amopt.optimize.minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method, show_options
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy import optimize
 
-from amopt import AMAdamState, AMState, am_adam_beta, am_adam_step, am_beta, am_momentum_step, apply_variant
+from amopt import (
+    AMAdamState,
+    AMState,
+    am_adam_beta,
+    am_adam_step,
+    am_beta,
+    am_momentum_step,
+    apply_variant,
+)
 
 import oracle
 
@@ -72,7 +80,7 @@ _MODES = (
 
 
 def _acc_dtype(dtype):
-    # the core accumulates every scope's sums in float64 (amopt.core.reduce.acc_dtype)
+    # the core accumulates every scope's sums in float64 (amopt.core.reduce.accumulation_dtype)
     return np.dtype(np.float64)
 
 

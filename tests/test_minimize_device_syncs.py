@@ -27,10 +27,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import amopt
-from amopt.optimize import loop as _loop
+from amopt.backends import library_available
 from amopt.core import rule as _rule
 from amopt.core import tape as _tape
-from amopt.backends import library_available
+from amopt.optimize import loop as _loop
 
 from _objectives import Logistic, logreg_data
 
@@ -243,8 +243,8 @@ def _ops(fn):
 
 def _step_ops(method, x, g):
     """Dispatched ops of one core step of ``method`` (past its first) at ``x``, ``g``."""
-    from amopt.optimize import steps as _core
     from amopt.core.config import AMConfig
+    from amopt.optimize import steps as _core
 
     xs, gs = (x,), (g,)
     if method == "gd":
@@ -509,7 +509,8 @@ def test_no_import_circle_through_the_loop_and_the_lazy_package():
         if name.startswith(("amopt.backends.dask", "amopt.backends.device")):
             assert "amopt.optimize.loop" not in _imports(names[name]), name
             assert not any(
-                m.startswith(("amopt.optimize.methods", "amopt.optimize.minimize")) for m in _imports(names[name])
+                m.startswith(("amopt.optimize.methods", "amopt.optimize.minimize"))
+                for m in _imports(names[name])
             ), name
 
     def reaches(start, target, seen=()):

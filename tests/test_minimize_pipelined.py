@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import amopt
-from amopt.optimize import loop as _loop
 from amopt.backends import device as _device
 from amopt.backends import library_available
+from amopt.optimize import loop as _loop
 
 from test_minimize_device_syncs import (
     ADAM_FAMILY,
@@ -359,7 +359,7 @@ def test_the_device_rule_takes_the_library_behind_the_compat_namespace():
     import array_api_compat.numpy as npx
     import array_api_compat.torch as tx
 
-    from amopt.core.reduce import plain_namespace
+    from amopt.backends import plain_namespace
 
     assert plain_namespace(tx) is torch
     assert plain_namespace(npx) is npx
@@ -370,9 +370,9 @@ def test_the_device_rule_takes_the_library_behind_the_compat_namespace():
 def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
     """The device rule's calls on a NumPy-like library module (CuPy's API is NumPy's),
     here NumPy itself, give the host rule's betas and gammas bit for bit."""
-    from amopt.optimize import steps as _core
     from amopt.core import rule as _rule
     from amopt.core.config import AMConfig
+    from amopt.optimize import steps as _core
 
     rng = np.random.default_rng(3)
     values = []

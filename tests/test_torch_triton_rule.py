@@ -18,11 +18,11 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 import amopt
-from amopt.optimize import loop as _loop
-from amopt.core import rule as _rule
 from amopt.backends.torch import apply as _torch_apply
 from amopt.backends.torch import rule as _torch_rule
+from amopt.core import rule as _rule
 from amopt.core.config import AMConfig
+from amopt.optimize import loop as _loop
 
 from _kernel_bodies import same_bits
 from _launches import Launches
@@ -200,7 +200,7 @@ def test_the_pipelined_step_is_a_handful_of_launches(monkeypatch):
 
 
 def test_without_triton_the_rule_runs_as_tensor_operations(monkeypatch):
-    monkeypatch.setattr(_torch_rule, "_has_triton", lambda: False)
+    monkeypatch.setattr(_torch_rule.backends, "library_available", lambda name: name != "triton")
     rows = _rows(np.random.default_rng(1), 5)
     sums = [torch.tensor(v, dtype=torch.float64) for v in rows.reshape(-1)]
     config = AMConfig.from_options({})

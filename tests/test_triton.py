@@ -607,7 +607,8 @@ def test_many_tensors_and_mixed_dtypes_in_few_launches(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["amsgd", "am_adamw"])
 def test_the_rule_is_looked_up_at_call_time(kind, monkeypatch):
-    """Replacing the rule in ``amopt.core.rule`` changes the kernels' step: beta is fixed at 0.25."""
+    """Replacing the rule in ``amopt.core.rule`` changes the kernels' step: beta is fixed at
+    0.25."""
     calls = []
 
     def momentum_beta(xp, sums, cfg, **kw):

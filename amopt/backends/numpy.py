@@ -38,9 +38,10 @@ import numpy as np
 from amopt.core import rule as _rule
 from amopt.core import tape as _tape
 
-__all__ = ["BLOCK", "eligible", "am_momentum_step_numpy"]
+__all__ = ["BLOCK", "eligible", "am_momentum_step_numpy", "momentum_step"]
 
-# float64 only: float32 scopes accumulate their sums in float64 (amopt.core.reduce.acc_dtype),
+# float64 only: float32 scopes accumulate their sums in float64
+# (amopt.core.reduce.accumulation_dtype),
 # which the array-API path does with its own casts
 _FLOAT64 = np.dtype(np.float64)
 #: arrays larger than this are processed in blocks of this many elements
@@ -243,3 +244,28 @@ def am_momentum_step_numpy(
             new_x[i] = np.subtract(xs[i], step, out=step)
         betas.append(beta)
     return tuple(new_x), tuple(new_d), betas
+
+
+def momentum_step(
+    xs: tuple[np.ndarray, ...],
+    gs: tuple[np.ndarray, ...],
+    ds: tuple[np.ndarray, ...],
+    config: Any,
+    *,
+    lr: float,
+    weight_decay: float,
+    first: bool,
+    f_decrease: Any,
+    lr_ratio: float,
+) -> tuple | None:
+    """:func:`amopt.am_momentum_step` on plain float64 NumPy arrays (``ds`` the state's
+    momentum, replaced by the gradients at a ``first`` step): what
+    :func:`am_momentum_step_numpy` returns, or None where an array is not one
+    (:func:`eligible`). Coupled weight decay joins the gradients first."""
+    if not eligible(xs, gs, ds):
+        return None
+    if weight_decay != 0:
+        gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
+    return am_momentum_step_numpy(
+        xs, gs, gs if first else ds, config, lr=lr, f_decrease=f_decrease, lr_ratio=lr_ratio
+    )

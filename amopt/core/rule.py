@@ -51,7 +51,10 @@ Array = Any
 
 VARIANTS = (None, "clip", "restart")
 NUMERATORS = ("exact", "linear")
-#: ``"l2"``: AM-Adam, the decay is an L2 gradient term and the rule sees ``wd = 0``.
+#: How weight decay enters an AM-Adam(W) step, the one list of them: ``"decoupled"``
+#: (AdamW's) and ``"proximal"`` everywhere; ``"l2"`` (AM-Adam, the torch optimizers only):
+#: the decay is an L2 gradient term and the rule sees ``wd = 0``. The array steps
+#: (``minimize``'s ``am-adamw``, :func:`amopt.am_adam_step`) take the first two.
 WEIGHT_DECAY_MODES = ("decoupled", "proximal", "l2")
 
 #: AM-MGD / AM-MSGD sums of a scope, with ``v = d - g``: ``<v,v>, <g,g>, <d,d>, <v,g>,

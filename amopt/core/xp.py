@@ -13,7 +13,6 @@ import array_api_compat
 
 __all__ = [
     "array_namespace",
-    "accumulation_dtype",
     "is_array",
     "tiny",
 ]
@@ -33,17 +32,6 @@ def is_array(x: Any) -> bool:
     return array_api_compat.is_array_api_obj(x) and not isinstance(x, int | float | complex)
 
 
-def accumulation_dtype(xp: Any, dtype: Any) -> Any:
-    """The dtype reductions are accumulated in: float64 for float64, else float32.
-
-    Half-precision inputs (float16, bfloat16) are promoted to float32 so that
-    squared norms neither overflow at 256 nor lose the small terms.
-    """
-    if dtype == xp.float64:
-        return xp.float64
-    return xp.float32
-
-
-def tiny(xp: Any, acc_dtype: Any) -> float:
-    """``finfo(acc_dtype).eps ** 2``: the relative size below which ``<d-g, d-g>`` is zero."""
-    return float(xp.finfo(acc_dtype).eps) ** 2
+def tiny(xp: Any, dtype: Any) -> float:
+    """``finfo(dtype).eps ** 2``: the relative size below which ``<d-g, d-g>`` is zero."""
+    return float(xp.finfo(dtype).eps) ** 2

@@ -20,10 +20,10 @@ import numpy as np
 from scipy.optimize import OptimizeResult, OptimizeWarning
 
 from amopt.backends import dask as _lazy
-from amopt.core.config import check_bool, check_int, check_nonnegative
-from amopt.optimize.finite_sum import FiniteSum
 from amopt.backends.device import asynchronous, is_device, read, start_read, to_device
+from amopt.core.config import check_bool, check_int, check_nonnegative
 from amopt.core.xp import array_namespace, is_array
+from amopt.optimize.finite_sum import FiniteSum
 
 __all__ = ["STATUS_MESSAGES"]
 

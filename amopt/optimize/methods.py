@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 
 from scipy.optimize import OptimizeResult
 
-from amopt.optimize import steps as _core
 from amopt.core.config import (
     AMConfig,
     check_betas,
@@ -32,6 +31,7 @@ from amopt.core.config import (
     check_positive,
     check_weight_decay_mode,
 )
+from amopt.optimize import steps as _core
 from amopt.optimize.loop import _check_unknown_options, _run, _sampling
 
 __all__ = ["METHODS"]

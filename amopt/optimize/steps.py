@@ -17,26 +17,21 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import array_api_compat
 import numpy as np
 
-from amopt.backends.cupy import apply as _cupy_apply
-from amopt.backends.cupy import rule as _cupy_rule
-from amopt.backends import numpy as _numpy_fast
+from amopt import backends
+from amopt.backends import plain_namespace
 from amopt.core import rule as _rule
 from amopt.core import tape as _tape
-from amopt.backends.torch import apply as _torch_apply
-from amopt.backends.torch import rule as _torch_rule
 from amopt.core.config import AMConfig, config_of_call, rule_keywords
 from amopt.core.reduce import (
     Array,
-    acc_dtype,
+    accumulation_dtype,
     adam_sums,
     as_tuple,
     cast,
     compute_dtype,
     momentum_sums,
-    plain_namespace,
     restore,
     row,
     scopes,
@@ -64,11 +59,7 @@ __all__ = [
     "am_adam_step",
     "VARIANTS",
     "NUMERATORS",
-    "WEIGHT_DECAY_MODES",
 ]
-
-#: Weight-decay modes of :func:`am_adam_step` (``minimize``'s ``am-adamw``).
-WEIGHT_DECAY_MODES = ("decoupled", "proximal")
 
 
 class _Bounds(NamedTuple):
@@ -129,7 +120,8 @@ def am_beta(
     Returns
     -------
     beta : 0-d array
-        In the accumulation dtype (float64 for float64 inputs, else float32).
+        In the accumulation dtype (:func:`amopt.core.reduce.accumulation_dtype`: float64
+        wherever the arrays' device has it).
 
     Examples
     --------
@@ -487,16 +479,23 @@ def am_momentum_step(
     lr_ratio = _lr_ratio(state, lr) if f_decrease is None else 1.0
     lr_used = float(lr)
 
-    if _numpy_fast.eligible(xs, gs, state.d):
-        # Plain NumPy arrays: the same reduce -> rule -> apply with fewer passes over
-        # memory and no array-API dispatch (see amopt.backends.numpy); no caller array is
-        # modified there either.
-        if weight_decay != 0:
-            gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
-        ds = gs if first else state.d
-        new_x, new_ds, betas = _numpy_fast.am_momentum_step_numpy(
-            xs, gs, ds, config, lr=lr, f_decrease=f_decrease, lr_ratio=lr_ratio
-        )
+    # a library's fast path (plain NumPy arrays: the same reduce -> rule -> apply with
+    # fewer passes over memory and no array-API dispatch, amopt.backends.numpy); no caller
+    # array is modified there either
+    fast = backends.kernel(backends.library_of(xs[0]), "momentum_step")
+    out = fast and fast(
+        xs,
+        gs,
+        state.d,
+        config,
+        lr=lr,
+        weight_decay=weight_decay,
+        first=first,
+        f_decrease=f_decrease,
+        lr_ratio=lr_ratio,
+    )
+    if out:
+        new_x, new_ds, betas = out
         new_state = AMState(state.step + 1, new_ds, f_next, state.d_from_g, lr_used)
         return restore(new_x, single), new_state, (tuple(betas) if config.per_layer else betas[0])
 
@@ -677,7 +676,7 @@ def am_momentum_sums(
     sums: list[Array] = []
     diffs: list[Array] = [None] * len(xs)
     for scope in scopes(len(xs), config.per_layer):
-        acc = acc_dtype(xp, [gs[i] for i in scope])
+        acc = accumulation_dtype(xp, [gs[i] for i in scope])
         cols: list[Array] = []
         for i in scope:
             g = _flat(xp, cast(xp, gs[i], acc))
@@ -729,9 +728,9 @@ def am_momentum_apply(
     :func:`am_momentum_step` returns, with host betas or 0-d device betas.
 
     On CuPy arrays, and on torch CUDA tensors with the rule on the device, the rule and
-    the apply each run as one generated kernel (:mod:`amopt.backends.cupy.rule`,
-    :mod:`amopt.backends.cupy.apply`, :mod:`amopt.backends.torch.rule`, :mod:`amopt.backends.torch.apply`) with
-    the values of the array operations below, bit for bit.
+    the apply each run as one generated kernel (``momentum_rule`` and ``momentum_apply``
+    of :func:`amopt.backends.kernel`) with the values of the array operations below, bit
+    for bit; a kernel that declines leaves them to those operations.
     """
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
@@ -742,12 +741,9 @@ def am_momentum_apply(
             f = xp.astype(f, xp.float64)
         f_decrease = state.f_prev - f if exact else None
         rule_xp = plain_namespace(xp)
-        fused = None
-        library = getattr(rule_xp, "__name__", "")
-        if library == "cupy":  # one kernel from the rule's tape
-            fused = _cupy_rule.momentum_rule(_rule.momentum_beta, sums, config, lr, f_decrease)
-        elif library == "torch" and _torch_rule.applies(sums[0]):  # one Triton kernel
-            fused = _torch_rule.momentum_rule(_rule.momentum_beta, sums, config, lr, f_decrease)
+        # one kernel from the rule's tape (CuPy's; Triton's for torch CUDA tensors)
+        rule_kernel = backends.kernel(backends.library_of(rule_xp), "momentum_rule")
+        fused = rule_kernel and rule_kernel(_rule.momentum_beta, sums, config, lr, f_decrease)
         if fused is not None:
             beta, gamma = fused
         else:
@@ -776,12 +772,8 @@ def am_momentum_apply(
     new_d: list[Array] = list(ds)
     new_x: list[Array] = list(xs)
     # one kernel for d and x: CuPy's, or Triton's for torch tensors on CUDA with the
-    # device rule's gamma
-    fused_apply = None
-    if array_api_compat.is_cupy_array(xs[0]):
-        fused_apply = _cupy_apply.momentum_apply
-    elif on_device and array_api_compat.is_torch_array(xs[0]) and _torch_rule.applies(xs[0]):
-        fused_apply = _torch_apply.momentum_apply
+    # device rule's gamma (a host gamma it declines)
+    fused_apply = backends.kernel(backends.library_of(xs[0]), "momentum_apply")
     for k, scope in enumerate(scopes(len(xs), config.per_layer)):
         for i in scope:
             if on_device:
@@ -968,7 +960,7 @@ def am_adam_init(params: Any) -> AMAdamState:
     xs, _ = as_tuple(params)
     xp = array_namespace(*xs)
     base = adam_init(params)
-    prods = tuple(xp.ones((), dtype=acc_dtype(xp, [x])) for x in xs)
+    prods = tuple(xp.ones((), dtype=accumulation_dtype(xp, [x])) for x in xs)
     return AMAdamState(0, base.exp_avg, base.exp_avg_sq, prods, math.nan)
 
 
@@ -1214,7 +1206,7 @@ def am_adam_sums(
             lp = lam * p
             denom = 1.0 + lp
             ps[i], lps[i], denoms[i] = p, lp, denom
-            acc = acc_dtype(xp, [gs[i]])
+            acc = accumulation_dtype(xp, [gs[i]])
             g, d, x = (_flat(xp, cast(xp, a, acc)) for a in (gs[i], ds[i], xs[i]))
             p_a, denom_a = (_flat(xp, cast(xp, a, acc)) for a in (p, denom))
             u = 1.0 / denom_a

@@ -10,7 +10,6 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ..backends import to_numpy
-from ..core.xp import array_namespace, is_array
 from ..backends.sparse import (
     DeviceCSR,
     _GatheredRows,
@@ -19,6 +18,7 @@ from ..backends.sparse import (
     _take_rows,
     device_library,
 )
+from ..core.xp import array_namespace, is_array
 
 __all__ = ["Problem", "FiniteSumProblem"]
 

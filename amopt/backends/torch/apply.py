@@ -21,8 +21,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from amopt import backends
+from amopt.backends import triton as _triton
+from amopt.backends.fallback import KernelCache
 from amopt.backends.torch import rule as _torch_rule
-from amopt.backends.fallback import kernel_failed
 
 __all__ = ["momentum_apply"]
 
@@ -71,7 +73,8 @@ def _jitted(interpret: bool) -> Any:
     return triton.jit(_apply)
 
 
-_FAILED: list[bool] = []
+#: whether the kernel failed (then never again here); the kernel itself is :func:`_jitted`
+_KERNELS = KernelCache("the AM apply's Triton kernel", "the apply runs as tensor operations")
 
 
 def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -> Any:
@@ -80,7 +83,7 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
     left to the tensor operations."""
     import torch
 
-    if _FAILED or x.dtype != torch.float64:
+    if _KERNELS.off("apply") or x.dtype != torch.float64:
         return None
     if g.dtype != x.dtype or w.dtype != x.dtype or not isinstance(coef, torch.Tensor):
         return None
@@ -88,10 +91,10 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
         return None
     if not (x.is_contiguous() and g.is_contiguous() and w.is_contiguous()):
         return None
-    if not (_torch_rule.applies(x) and _torch_rule._has_triton()):
+    if not (_torch_rule.applies(x) and backends.library_available("triton")):
         return None
     try:
-        interpret = _torch_rule._interpret()
+        interpret = _triton.interpret()
         dn, xn = torch.empty_like(x), torch.empty_like(x)
         n = x.numel()
         options = {} if interpret else {"num_warps": 4, "enable_fp_fusion": False}
@@ -100,6 +103,5 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
         )
         return dn, xn
     except Exception as exc:  # noqa: BLE001 - a kernel Triton cannot build or run here
-        _FAILED.append(True)
-        kernel_failed("the AM apply's Triton kernel", exc, "the apply runs as tensor operations")
+        _KERNELS.failed("apply", exc)
         return None
