@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import amopt
-from amopt.optimize import steps as _core
 from amopt.backends import numpy as _numpy_fast
+from amopt.optimize import steps as _core
 
 torch = pytest.importorskip("torch")
 

@@ -17,11 +17,11 @@ import warnings
 import numpy as np
 import pytest
 
-from amopt.optimize import steps as _core
+from amopt.backends import library_available
 from amopt.backends.cupy import rule as _cupy_rule
 from amopt.core import rule as _rule
 from amopt.core.config import AMConfig
-from amopt.backends import library_available
+from amopt.optimize import steps as _core
 
 from _kernel_bodies import compile_library, same_bits
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import amopt
-from amopt.core import rule as _rule
 from amopt.bench import cases
+from amopt.core import rule as _rule
 from amopt.torch import AMSGD, AMAdam, AMAdamW
 
 MARK = 0.3125  # exactly representable in every float type
@@ -160,8 +160,8 @@ def test_host_rule_on_scalars_is_the_rule_on_arrays(variant):
     the same values, bit for bit, as the rule on a NumPy array of that scope, over
     ordinary, degenerate (tiny ``<v,v>``), overflowing (inf, NaN) and signed sums, for
     both families and both numerators."""
-    from amopt.optimize import steps as _core
     from amopt.core.config import AMConfig
+    from amopt.optimize import steps as _core
 
     rng = np.random.default_rng(0)
     rows = list(np.exp(rng.normal(0.0, 3.0, size=(200, 5))) * rng.choice([-1.0, 1.0], (200, 5)))
