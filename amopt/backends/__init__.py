@@ -54,10 +54,22 @@ def library_of(x: Any) -> str:
     """The name of the array library of ``x``, an array or a namespace: ``"numpy"``,
     ``"cupy"``, ``"torch"``, ``"dask"``, ``"array_api_strict"``, ...
 
-    A compat namespace (``array_api_compat.torch``) names the library it wraps.
+    A compat namespace (``array_api_compat.torch``) names the library it wraps. An array's
+    library is its type's, found once per type.
     """
     if isinstance(x, types.ModuleType):
         return x.__name__.removeprefix("array_api_compat.").partition(".")[0]
+    name = _LIBRARY_OF_TYPE.get(type(x))
+    if name is None:
+        name = _LIBRARY_OF_TYPE[type(x)] = _library_of_array(x)
+    return name
+
+
+#: library names by array type (a step asks at every call: a dict lookup then)
+_LIBRARY_OF_TYPE: dict[type, str] = {}
+
+
+def _library_of_array(x: Any) -> str:
     if array_api_compat.is_cupy_array(x):
         return "cupy"
     if array_api_compat.is_torch_array(x):
@@ -76,7 +88,14 @@ def kernel(library: str, name: str) -> Callable[..., Any] | None:
     where = KERNELS.get((library, name))
     if where is None:
         return None
-    return getattr(importlib.import_module(where[0]), where[1])
+    module = _MODULES.get(where[0])
+    if module is None:
+        module = _MODULES[where[0]] = importlib.import_module(where[0])
+    return getattr(module, where[1])
+
+
+#: the kernels' modules, imported at their first use
+_MODULES: dict[str, types.ModuleType] = {}
 
 
 def plain_namespace(xp: Any) -> Any:
