@@ -3,7 +3,7 @@
 The objective wrapper (``fun``/``jac``/``args`` or a :class:`~amopt.FiniteSum`),
 the map between the user's ``x0`` and the core's tuple of arrays, the mini-batch
 sampler, the callback protocol and the status table. Every step itself is a
-call into :mod:`amopt.optimize.steps`, made by the methods in :mod:`amopt.optimize.methods`.
+call into :mod:`amopt._core`, made by the methods in :mod:`amopt._methods`.
 """
 
 from __future__ import annotations
@@ -625,7 +625,7 @@ def _run(
     replace = check_bool("replace", replace)
     layout = _Layout(x0)
     obj = _Objective(fun, jac, args, layout)
-    if counted is not None:  # the evaluations that chose the step size (amopt.optimize.step_size)
+    if counted is not None:  # the evaluations that chose the step size (amopt._step_size)
         obj.nfev, obj.njev = counted
     cb = _wrap_callback(callback)
     sampler = None
@@ -662,9 +662,9 @@ def _run(
     lazy = _lazy.session(
         layout, obj, step, full_batch=sampler is None, weight_decay=wd, decay_in_f=decay_in_f
     )
-    if lazy is not None:  # dask arrays: one graph submission per step, see amopt.backends.dask
+    if lazy is not None:  # dask arrays: one graph submission per step, see amopt._lazy
         layout, obj, step = lazy.layout, lazy.objective, lazy.step
-    elif is_device(layout.arrays):  # one host transfer per step, see amopt.backends.device
+    elif is_device(layout.arrays):  # one host transfer per step, see amopt._lazy._device
         obj.defer = True
         # a returned gradient is used before the next evaluation and never modified:
         # only the result's is copied (each copy is a pass over memory on a device)
@@ -1227,9 +1227,9 @@ def _run_device(
 ) -> OptimizeResult:
     """The loop of :func:`_run` for device arrays: one host transfer per iteration.
 
-    Every value the loop tests on the host is read with :func:`amopt.backends.device.read`
+    Every value the loop tests on the host is read with :func:`amopt._lazy._device.read`
     in one transfer per iteration, and an AM step is cut at its rule (``split``, see
-    :class:`amopt.optimize.methods._Split`) so that the rule's sums travel in the same transfer
+    :class:`amopt._methods._Split`) so that the rule's sums travel in the same transfer
     and the rule runs on the host. The tests and their order are those of :func:`_run`;
     what changes is when a value is known:
 
@@ -1241,7 +1241,7 @@ def _run_device(
       non-finite one is then taken back (``nit``, betas). With a ``callback`` it is
       read before the callback sees the iterate, one more transfer per iteration.
 
-    On an asynchronous device (:func:`amopt.backends.device.asynchronous`) a run without
+    On an asynchronous device (:func:`amopt._lazy._device.asynchronous`) a run without
     a callback, full-batch or mini-batch, is pipelined instead (:func:`_run_pipelined`):
     the host reads each iterate while the next step is already queued.
     """
