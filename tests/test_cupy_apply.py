@@ -20,6 +20,7 @@ from amopt import backends
 from amopt.backends import library_available
 from amopt.backends.cupy import apply as _cupy_apply
 from amopt.core.config import AMConfig
+from amopt.optimize import split as _split
 from amopt.optimize import steps as _core
 
 from _kernel_bodies import INTRINSICS, compile_library, same_bits
@@ -90,7 +91,7 @@ def test_the_kernel_body_is_the_array_operations_bit_for_bit(compiled, dtype, wi
     c, lr = np.dtype(dtype).type(coef), 0.0731
     with np.errstate(all="ignore"):
         v = d - g
-        want_d = g + c * v  # the array operations of _core.am_momentum_apply
+        want_d = g + c * v  # the array operations of amopt.optimize.split.am_momentum_apply
         want_x = x - lr * want_d
         dn, xn = compiled(dtype, with_v)(x, g, v if with_v else d, c, np.dtype(dtype).type(lr))
     same_bits(dn, want_d)
@@ -136,15 +137,15 @@ def test_a_cupy_step_hands_its_apply_to_the_kernel(monkeypatch, fused):
     gs = (np.array([0.5, -1.0]), np.array([0.25, 1.0, -2.0], dtype=np.float32))
     state = _core.AMState(3, (np.array([1.5, 1.0]), np.array([1.0, 0.5, 0.0], np.float32)),
                           np.float64(2.0), True)  # fmt: skip
-    pending, sums = _core.am_momentum_sums(xs, gs, state, config=config)
+    pending, sums = _split.am_momentum_sums(xs, gs, state, config=config)
     values = [float(s) for s in sums]
-    new_x, new_state, betas = _core.am_momentum_apply(
+    new_x, new_state, betas = _split.am_momentum_apply(
         xs, gs, state, pending, values, lr=0.1, f=np.float64(1.0), config=config
     )
     # float64 arrays keep their v from the sums; float32 ones too (their sums' dtype)
     assert calls == [pending[1][0] is not None, pending[1][1] is not None]
     monkeypatch.undo()
-    want_x, want_state, want_betas = _core.am_momentum_apply(
+    want_x, want_state, want_betas = _split.am_momentum_apply(
         xs, gs, state, pending, values, lr=0.1, f=np.float64(1.0), config=config
     )
     for a, b in zip(new_x, want_x, strict=True):

@@ -244,6 +244,7 @@ def _ops(fn):
 def _step_ops(method, x, g):
     """Dispatched ops of one core step of ``method`` (past its first) at ``x``, ``g``."""
     from amopt.core.config import AMConfig
+    from amopt.optimize import split as _split
     from amopt.optimize import steps as _core
 
     xs, gs = (x,), (g,)
@@ -269,12 +270,12 @@ def _step_ops(method, x, g):
     pending, sums = [], []
 
     def sums_part():
-        pending[:], sums[:] = _core.am_momentum_sums(xs, gs, state, config=config)
+        pending[:], sums[:] = _split.am_momentum_sums(xs, gs, state, config=config)
 
     ops = _ops(sums_part)
     values = [float(s) for s in sums]
     return ops + _ops(
-        lambda: _core.am_momentum_apply(
+        lambda: _split.am_momentum_apply(
             xs, gs, state, tuple(pending), values, lr=0.01, f=0.5, config=config
         )
     )

@@ -372,7 +372,7 @@ def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
     here NumPy itself, give the host rule's betas and gammas bit for bit."""
     from amopt.core import rule as _rule
     from amopt.core.config import AMConfig
-    from amopt.optimize import steps as _core
+    from amopt.optimize import split as _split
 
     rng = np.random.default_rng(3)
     values = []
@@ -381,9 +381,9 @@ def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
         values += [vv, gg, rng.uniform(-1, 1) * math.sqrt(vv * gg)]
     config = AMConfig.from_options({"per_layer": scopes > 1})
     f_dec = 0.3 if exact else None
-    host = _core._host_rule(
+    host = _split._host_rule(
         _rule.momentum_beta,
-        _core._momentum_sums_of(values, exact),
+        _split._momentum_sums_of(values, exact),
         5 if exact else 3,
         config,
         lr=0.1,

@@ -156,12 +156,12 @@ def test_bench_cases_use_the_rule(marked):
 
 @pytest.mark.parametrize("variant", [None, "clip", "restart"])
 def test_host_rule_on_scalars_is_the_rule_on_arrays(variant):
-    """The device loop runs one scope's rule on NumPy scalars (``_core._HostScalars``):
-    the same values, bit for bit, as the rule on a NumPy array of that scope, over
-    ordinary, degenerate (tiny ``<v,v>``), overflowing (inf, NaN) and signed sums, for
-    both families and both numerators."""
+    """The device loop runs one scope's rule on NumPy scalars
+    (``amopt.optimize.split._HostScalars``): the same values, bit for bit, as the rule on a
+    NumPy array of that scope, over ordinary, degenerate (tiny ``<v,v>``), overflowing (inf,
+    NaN) and signed sums, for both families and both numerators."""
     from amopt.core.config import AMConfig
-    from amopt.optimize import steps as _core
+    from amopt.optimize import split as _split
 
     rng = np.random.default_rng(0)
     rows = list(np.exp(rng.normal(0.0, 3.0, size=(200, 5))) * rng.choice([-1.0, 1.0], (200, 5)))
@@ -182,7 +182,7 @@ def test_host_rule_on_scalars_is_the_rule_on_arrays(variant):
     for rule, k, kwargs in cases_:
         for row in rows:
             sums = [float(v) for v in row[:k]]
-            got = _core._host_rule(rule, sums, k, config, **kwargs)
+            got = _split._host_rule(rule, sums, k, config, **kwargs)
             with np.errstate(all="ignore"):
                 want = rule(np, np.asarray(sums).reshape(1, k), config, **kwargs)
             got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))

@@ -83,7 +83,7 @@ def test_the_apply_kernel_is_the_tensor_operations_bit_for_bit(dtype, with_v):
         warnings.filterwarnings("error", message="the AM apply's Triton kernel failed")
         out = _torch_apply.momentum_apply(x, g, v if with_v else d, c, 0.0731, with_v)
     assert out is not None
-    want_d = g + c * v  # the tensor operations of _core.am_momentum_apply
+    want_d = g + c * v  # the tensor operations of amopt.optimize.split.am_momentum_apply
     want_x = x - 0.0731 * want_d
     same_bits(out[0].cpu().numpy(), want_d.cpu().numpy())
     same_bits(out[1].cpu().numpy(), want_x.cpu().numpy())

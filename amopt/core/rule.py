@@ -212,7 +212,7 @@ def momentum_beta_of_dots(
     \langle v,g\rangle`; :math:`\langle d,d\rangle = \langle v,v\rangle +
     2\langle v,g\rangle + \langle g,g\rangle` and :math:`\langle v,d\rangle =
     \langle v,v\rangle + \langle v,g\rangle` are formed from them in that order, as the
-    host forms them (``amopt.optimize.steps._momentum_sums_of``). With ``exact`` the decrease of
+    host forms them (``amopt.optimize.split._momentum_sums_of``). With ``exact`` the decrease of
     f is ``f_decrease``, or ``dots[..., 3]`` when that is None (a recorded tape's input).
     """
     base = momentum_beta if base is None else base

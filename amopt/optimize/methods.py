@@ -31,6 +31,7 @@ from amopt.core.config import (
     check_positive,
     check_weight_decay_mode,
 )
+from amopt.optimize import split as _split
 from amopt.optimize import steps as _core
 from amopt.optimize.loop import _check_unknown_options, _run, _sampling
 
@@ -183,16 +184,16 @@ def _am_momentum(options: dict) -> tuple[Callable, dict]:
 
     def sums(xs, gs, state):
         state = _core.am_momentum_init(xs) if state is None else state
-        return (state, *_core.am_momentum_sums(xs, gs, state, config=config))
+        return (state, *_split.am_momentum_sums(xs, gs, state, config=config))
 
     def apply(xs, gs, f, state, pending, values):
-        return _core.am_momentum_apply(xs, gs, state, pending, values, lr=lr, f=f, config=config)
+        return _split.am_momentum_apply(xs, gs, state, pending, values, lr=lr, f=f, config=config)
 
     wd = _weight_decay(options)
     run = {"is_am": True, "weight_decay": wd, "decay_in_f": config.numerator == "exact"}
 
     def g_sq(values):
-        # the sums are <v,v>, <g,g>, <v,g> per scope (amopt.optimize.steps.am_momentum_sums)
+        # the sums are <v,v>, <g,g>, <v,g> per scope (amopt.optimize.split.am_momentum_sums)
         return math.fsum(values[1::3])
 
     return step, run | {"split": _Split(sums, apply, g_sq, on_device=True), "growth": ("am", lr)}
@@ -240,11 +241,11 @@ def _am_adam(options: dict) -> tuple[Callable, dict]:
     apply_hyper = {k: hyper[k] for k in ("lr", "weight_decay", "weight_decay_mode", "config")}
 
     def sums(xs, gs, state):
-        state = _core.am_adam_host_init(xs) if state is None else state
-        return (state, *_core.am_adam_sums(xs, gs, state, **sums_hyper))
+        state = _split.am_adam_host_init(xs) if state is None else state
+        return (state, *_split.am_adam_sums(xs, gs, state, **sums_hyper))
 
     def apply(xs, gs, f, state, pending, values):
-        return _core.am_adam_apply(state, pending, values, f=f, **apply_hyper)
+        return _split.am_adam_apply(state, pending, values, f=f, **apply_hyper)
 
     run = {"is_am": True, "weight_decay": wd if l2 else 0.0}
     return step, run | {"split": _Split(sums, apply)}

@@ -1,6 +1,6 @@
 """The AM momentum apply on CuPy arrays as one kernel: the new d and x in one pass.
 
-The apply of an AM momentum step (``amopt.optimize.steps.am_momentum_apply``) is
+The apply of an AM momentum step (``amopt.optimize.split.am_momentum_apply``) is
 
 .. math::
 

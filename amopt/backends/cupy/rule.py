@@ -1,7 +1,7 @@
 """The AM-MGD rule on CuPy arrays as one kernel, generated from the rule's tape.
 
 The pipelined loop of :func:`amopt.minimize` runs the rule on the device
-(``amopt.optimize.steps.am_momentum_apply``). As array operations on 0-d arrays that is about
+(``amopt.optimize.split.am_momentum_apply``). As array operations on 0-d arrays that is about
 twenty kernel launches per iteration, each some microseconds of Python and CUDA on the
 host. Here the rule, from the split's three dots of each scope (and the decrease of f
 for the exact numerator) to beta and gamma, is recorded once as a tape

@@ -1,7 +1,7 @@
 """The AM-MGD rule on torch CUDA tensors as one Triton kernel, generated from the rule's tape.
 
 The counterpart of :mod:`amopt.backends.cupy.rule` for torch: the pipelined loop of
-:func:`amopt.minimize` runs the rule on the device (``amopt.optimize.steps.am_momentum_apply``),
+:func:`amopt.minimize` runs the rule on the device (``amopt.optimize.split.am_momentum_apply``),
 which as tensor operations on 0-d tensors is about twenty-five kernel launches per
 iteration. Here the rule, from the split's three dots of each scope (and the decrease of
 f for the exact numerator) to beta and gamma, is recorded once as a tape
