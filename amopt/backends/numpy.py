@@ -38,7 +38,7 @@ import numpy as np
 from amopt.core import rule as _rule
 from amopt.core import tape as _tape
 
-__all__ = ["BLOCK", "eligible", "am_momentum_step_numpy", "momentum_step"]
+__all__ = ["BLOCK", "eligible", "momentum_step"]
 
 # float64 only: float32 scopes accumulate their sums in float64
 # (amopt.core.reduce.accumulation_dtype),
@@ -183,22 +183,32 @@ def _one_scope_rule(
 # --------------------------------------------------------------------------- the step
 
 
-def am_momentum_step_numpy(
+def momentum_step(
     xs: tuple[np.ndarray, ...],
     gs: tuple[np.ndarray, ...],
     ds: tuple[np.ndarray, ...],
     config: Any,
     *,
     lr: float,
+    weight_decay: float,
+    first: bool,
     f_decrease: Any,
     lr_ratio: float = 1.0,
-) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], list[np.ndarray]]:
-    """One AM step on NumPy arrays: ``(new_x, new_d, betas)``, one beta per scope.
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], list[np.ndarray]] | None:
+    """:func:`amopt.am_momentum_step` on plain float64 NumPy arrays: ``(new_x, new_d,
+    betas)``, one beta per scope; None where an array is not one (:func:`eligible`).
 
-    ``gs`` already includes coupled weight decay; ``ds`` is ``gs`` on step 0. The
-    scopes are the arrays (``config.per_layer``) or all of them together, as in
-    ``_core``; the rule is :func:`amopt.core.rule.momentum_beta`.
+    ``ds`` is the state's momentum, the gradients in its place at a ``first`` step;
+    coupled weight decay joins the gradients first. The scopes are the arrays
+    (``config.per_layer``) or all of them together, as in
+    :mod:`amopt.optimize.steps`; the rule is :func:`amopt.core.rule.momentum_beta`.
     """
+    if not eligible(xs, gs, ds):
+        return None
+    if weight_decay != 0:
+        gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
+    if first:
+        ds = gs
     exact = f_decrease is not None
     with_vd = config.lam != 0  # lam * <v, d> is otherwise 0 (see the module docstring)
     if len(xs) == 1 and xs[0].size <= BLOCK:
@@ -244,28 +254,3 @@ def am_momentum_step_numpy(
             new_x[i] = np.subtract(xs[i], step, out=step)
         betas.append(beta)
     return tuple(new_x), tuple(new_d), betas
-
-
-def momentum_step(
-    xs: tuple[np.ndarray, ...],
-    gs: tuple[np.ndarray, ...],
-    ds: tuple[np.ndarray, ...],
-    config: Any,
-    *,
-    lr: float,
-    weight_decay: float,
-    first: bool,
-    f_decrease: Any,
-    lr_ratio: float,
-) -> tuple | None:
-    """:func:`amopt.am_momentum_step` on plain float64 NumPy arrays (``ds`` the state's
-    momentum, replaced by the gradients at a ``first`` step): what
-    :func:`am_momentum_step_numpy` returns, or None where an array is not one
-    (:func:`eligible`). Coupled weight decay joins the gradients first."""
-    if not eligible(xs, gs, ds):
-        return None
-    if weight_decay != 0:
-        gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
-    return am_momentum_step_numpy(
-        xs, gs, gs if first else ds, config, lr=lr, f_decrease=f_decrease, lr_ratio=lr_ratio
-    )
