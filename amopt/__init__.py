@@ -19,7 +19,9 @@ am_momentum_step, am_adam_step, ...
     The pure array-API rules everything else is built on.
 """
 
-from amopt._core import (
+from amopt.optimize.finite_sum import FiniteSum
+from amopt.optimize.minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method, show_options
+from amopt.optimize.steps import (
     AdamState,
     AMAdamState,
     AMState,
@@ -37,8 +39,6 @@ from amopt._core import (
     heavy_ball_init,
     heavy_ball_step,
 )
-from amopt._finite_sum import FiniteSum
-from amopt._minimize import METHODS, STATUS_MESSAGES, minimize, scipy_method, show_options
 
 __version__ = "0.1.0"
 

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import scipy.optimize
 
-    from amopt._minimize import minimize
+    from amopt.optimize.minimize import minimize
     from amopt.problems import LogisticRegression
 
     prob = LogisticRegression.from_libsvm(args.dataset, l2=args.l2)

@@ -132,7 +132,7 @@ class DaskMinimizeCase:
         import dask.array as da
 
         import amopt
-        from amopt._lazy._session import record
+        from amopt.backends.dask._session import record
 
         with dask.config.set(scheduler=self.client), record() as runs:
             res = amopt.minimize(

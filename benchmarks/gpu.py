@@ -1039,7 +1039,7 @@ class GpuAdamCase:
     def __init__(self, kind: str, shapes: list[tuple[int, ...]], seed: int = 0) -> None:
         import torch
 
-        from amopt._config import AMConfig
+        from amopt.core.config import AMConfig
         from amopt.torch._common import AdamHyper, AdamTensors
         from amopt.torch._triton import triton_am_adamw
 

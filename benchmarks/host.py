@@ -418,7 +418,7 @@ def minimize_counts(
         import torch
 
         x0 = torch.zeros(problem.A.shape[1], dtype=torch.float64)
-    from amopt import _loop
+    from amopt.optimize import loop as _loop
     from benchmarks.counters import HostReads
 
     runs = []

@@ -5,7 +5,7 @@
   the foreach tolerance (1e-12, float64); with several OpenMP threads; in
   float32; and the fallback to foreach (with a warning) where the kernels do
   not apply.
-* The NumPy path of ``am_momentum_step`` (``amopt._numpy_fast``) against the
+* The NumPy path of ``am_momentum_step`` (``amopt.backends.numpy``) against the
   array-API path: bit for bit on arrays of at most ``BLOCK`` elements, to float
   rounding on larger ones (blocked reductions), and caller arrays untouched.
 """
@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import amopt
-from amopt import _core, _numpy_fast
+from amopt.backends import numpy as _numpy_fast
+from amopt.optimize import steps as _core
 
 torch = pytest.importorskip("torch")
 

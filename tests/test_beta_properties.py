@@ -80,7 +80,7 @@ _MODES = (
 
 
 def _acc_dtype(dtype):
-    # the core accumulates every scope's sums in float64 (amopt._reduce.acc_dtype)
+    # the core accumulates every scope's sums in float64 (amopt.core.reduce.accumulation_dtype)
     return np.dtype(np.float64)
 
 

@@ -1,6 +1,6 @@
 """The fused CuPy apply of an AM momentum step: the array operations' values, bit for bit.
 
-Without a GPU the kernel body (``amopt._cupy_apply.source``) is compiled as C by the
+Without a GPU the kernel body (``amopt.backends.cupy.apply.source``) is compiled as C by the
 machine's C compiler, the CUDA intrinsics it calls defined as the plain IEEE operations
 they are (``__fmul_rn(a, b)`` is ``a * b`` rounded to nearest in float32; contraction
 into fused multiply-adds off, as the intrinsics guarantee on the device), and compared
@@ -16,9 +16,12 @@ import shutil
 import numpy as np
 import pytest
 
-from amopt import _core, _cupy_apply
-from amopt._config import AMConfig
+from amopt import backends
 from amopt.backends import library_available
+from amopt.backends.cupy import apply as _cupy_apply
+from amopt.core.config import AMConfig
+from amopt.optimize import split as _split
+from amopt.optimize import steps as _core
 
 from _kernel_bodies import INTRINSICS, compile_library, same_bits
 
@@ -88,7 +91,7 @@ def test_the_kernel_body_is_the_array_operations_bit_for_bit(compiled, dtype, wi
     c, lr = np.dtype(dtype).type(coef), 0.0731
     with np.errstate(all="ignore"):
         v = d - g
-        want_d = g + c * v  # the array operations of _core.am_momentum_apply
+        want_d = g + c * v  # the array operations of amopt.optimize.split.am_momentum_apply
         want_x = x - lr * want_d
         dn, xn = compiled(dtype, with_v)(x, g, v if with_v else d, c, np.dtype(dtype).type(lr))
     same_bits(dn, want_d)
@@ -127,22 +130,22 @@ def test_a_cupy_step_hands_its_apply_to_the_kernel(monkeypatch, fused):
             return None
         return g + coef * (w if with_v else w - g), x - lr * (g + coef * (w if with_v else w - g))
 
-    monkeypatch.setattr(_core.array_api_compat, "is_cupy_array", lambda a: True)
+    monkeypatch.setattr(backends, "library_of", lambda a: "cupy")
     monkeypatch.setattr(_cupy_apply, "momentum_apply", kernel)
     config = AMConfig.from_options({"per_layer": True})
     xs = (np.array([1.0, 2.0]), np.array([0.5, -1.0, 3.0], dtype=np.float32))
     gs = (np.array([0.5, -1.0]), np.array([0.25, 1.0, -2.0], dtype=np.float32))
     state = _core.AMState(3, (np.array([1.5, 1.0]), np.array([1.0, 0.5, 0.0], np.float32)),
                           np.float64(2.0), True)  # fmt: skip
-    pending, sums = _core.am_momentum_sums(xs, gs, state, config=config)
+    pending, sums = _split.am_momentum_sums(xs, gs, state, config=config)
     values = [float(s) for s in sums]
-    new_x, new_state, betas = _core.am_momentum_apply(
+    new_x, new_state, betas = _split.am_momentum_apply(
         xs, gs, state, pending, values, lr=0.1, f=np.float64(1.0), config=config
     )
     # float64 arrays keep their v from the sums; float32 ones too (their sums' dtype)
     assert calls == [pending[1][0] is not None, pending[1][1] is not None]
     monkeypatch.undo()
-    want_x, want_state, want_betas = _core.am_momentum_apply(
+    want_x, want_state, want_betas = _split.am_momentum_apply(
         xs, gs, state, pending, values, lr=0.1, f=np.float64(1.0), config=config
     )
     for a, b in zip(new_x, want_x, strict=True):

@@ -1,6 +1,6 @@
 """The fused CuPy kernel of the binary logistic loss: CuPy's array operations, bit for bit.
 
-Without a GPU the kernel body (``amopt.problems._cupy_logistic.source``) is compiled as
+Without a GPU the kernel body (``amopt.backends.cupy.logistic.source``) is compiled as
 C++ (the CUDA intrinsics defined as the IEEE operations they are, no contraction), and
 compared with the array operations it replaces, ``-(t * z)``, CuPy's ``logaddexp``
 expression, ``exp`` and the products, transcribed value by value with the same C math
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from amopt.backends import library_available
-from amopt.problems import LogisticRegression, _cupy_logistic
+from amopt.backends.cupy import logistic as _cupy_logistic
+from amopt.problems import LogisticRegression
 
 from _kernel_bodies import INTRINSICS, compile_library, same_bits
 

@@ -1,6 +1,6 @@
 """The fused CuPy rule kernel: its body, generated from the rule's tape, is the rule.
 
-Without a GPU the kernel body (``amopt._cupy_rule.source``) is compiled as C by the
+Without a GPU the kernel body (``amopt.backends.cupy.rule.source``) is compiled as C by the
 machine's C compiler, the CUDA intrinsics it calls defined as the plain IEEE operations
 they are (``__dadd_rn(a, b)`` is ``a + b`` rounded to nearest; contraction into fused
 multiply-adds off, as the intrinsics guarantee on the device), and run over many
@@ -17,9 +17,12 @@ import warnings
 import numpy as np
 import pytest
 
-from amopt import _core, _cupy_rule, _rule
-from amopt._config import AMConfig
 from amopt.backends import library_available
+from amopt.backends.cupy import rule as _cupy_rule
+from amopt.core import rule as _rule
+from amopt.core.config import AMConfig
+from amopt.optimize import split as _split
+from amopt.optimize import steps as _core
 
 from _kernel_bodies import compile_library, same_bits
 
@@ -77,7 +80,7 @@ def _reference(rows: np.ndarray, config, lr: float, fd) -> tuple[np.ndarray, np.
     betas, gammas = [], []
     with np.errstate(all="ignore"):
         for row in rows.tolist():
-            sums = np.asarray(_core._momentum_sums_of(row, exact), dtype=np.float64)
+            sums = np.asarray(_split._momentum_sums_of(row, exact), dtype=np.float64)
             beta, gamma = _rule.momentum_beta(
                 np, sums, config, lr=lr, f_decrease=None if fd is None else np.float64(fd)
             )
@@ -182,7 +185,7 @@ def test_a_cupy_step_applies_the_kernels_coefficients(monkeypatch):
     import array_api_compat.numpy as npx
 
     fake_cupy = types.ModuleType("cupy")
-    monkeypatch.setattr(_core, "plain_namespace", lambda xp: fake_cupy)
+    monkeypatch.setattr(_split, "plain_namespace", lambda xp: fake_cupy)
     calls = []
 
     def kernel(rule, sums, config, lr, f_decrease):
@@ -195,7 +198,7 @@ def test_a_cupy_step_applies_the_kernels_coefficients(monkeypatch):
     state = _core.AMState(3, (d,), np.float64(2.0), True)
     pending = ((d,), (d - g,), False, npx)
     sums = [np.asarray(v) for v in ((d - g) @ (d - g), g @ g, (d - g) @ g)]
-    new_x, new_state, beta = _core.am_momentum_apply(
+    new_x, new_state, beta = _split.am_momentum_apply(
         x, g, state, pending, sums, lr=0.1, f=np.float64(1.0), config=config
     )
     assert calls == [(_rule.momentum_beta, 3, 0.1, None)]

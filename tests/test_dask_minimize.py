@@ -29,7 +29,7 @@ distributed = pytest.importorskip("distributed")
 from dask.callbacks import Callback  # noqa: E402
 from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
-from amopt._lazy._session import record  # noqa: E402
+from amopt.backends.dask._session import record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_SECONDS = 40

@@ -23,7 +23,7 @@ from _deadline import deadline
 dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 
-from amopt._lazy import _design  # noqa: E402
+from amopt.backends.dask import _design  # noqa: E402
 
 N, D, CHUNK = 300, 6, 75
 

@@ -4,7 +4,7 @@ CuPy's pinned memory pool hands a freed buffer out again at once, whatever copie
 still queued on it, and ``cupy.asarray`` of a NumPy array stages through that pool: a
 device-to-host read that a loop drops unread (a run that stops before it waits for its
 last read) or a host-to-device copy of sampler indices would then land in, or read
-from, memory already given to another copy. ``amopt._lazy._device`` holds each such
+from, memory already given to another copy. ``amopt.backends.device`` holds each such
 buffer until the event recorded after its copy has passed. Without a GPU, CuPy is
 stood in for by a module whose copies complete when the test says so.
 """
@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 import pytest
 
-from amopt._lazy import _device
+from amopt.backends import device as _device
 
 
 class _Event:

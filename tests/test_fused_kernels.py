@@ -2,7 +2,7 @@
 
 * Each exported REDUCE / APPLY kernel, in every ISA variant this CPU runs, against
   the formulas of ``docs/algorithms.md`` evaluated here in NumPy float64.
-* The driver: the rule is the one of ``amopt._rule`` (looked up at call time), the
+* The driver: the rule is the one of ``amopt.core.rule`` (looked up at call time), the
   chunking of per-layer scopes does not change the iterates, ``grad_scale`` and
   ``found_inf`` follow ``torch.amp.GradScaler``'s fused protocol, and the fallback
   reasons name the real cause.
@@ -26,8 +26,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from amopt import _rule  # noqa: E402
-from amopt._config import AMConfig  # noqa: E402
+from amopt.core import rule as _rule  # noqa: E402
+from amopt.core.config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdamW, _fused  # noqa: E402
 from amopt.torch._amadamw import _fused_am_adamw  # noqa: E402
 from amopt.torch._common import (  # noqa: E402
@@ -433,7 +433,7 @@ def test_chunks_fit_the_budget():
 
 @pytest.mark.parametrize("per_layer", [True, False])
 def test_the_rule_is_looked_up_at_call_time(monkeypatch, per_layer):
-    """Replacing amopt._rule.adam_beta changes the beta the apply kernel uses."""
+    """Replacing amopt.core.rule.adam_beta changes the beta the apply kernel uses."""
     sizes = [50, 7]
     seen = []
 

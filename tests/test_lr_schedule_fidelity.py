@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import amopt
-from amopt import _rule
-from amopt._config import AMConfig
+from amopt.core import rule as _rule
+from amopt.core.config import AMConfig
 
 from oracle import run_am_adam, run_am_mgd
 

@@ -326,7 +326,7 @@ def test_method_signature_is_scipy_shaped_and_documented(method):
 
 def test_core_steps_take_the_rule_options_one_by_one():
     # the options of AMConfig, at the step's defaults, before `config`
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
 
     sig = inspect.signature(amopt.am_momentum_step).parameters
     for name in ("lam", "beta_max", "numerator", "per_layer", "variant", "beta_low"):

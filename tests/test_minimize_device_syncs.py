@@ -26,8 +26,10 @@ import pytest
 import torch
 
 import amopt
-from amopt import _loop, _rule, _tape
 from amopt.backends import library_available
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
+from amopt.optimize import loop as _loop
 from benchmarks.counters import HostReads
 
 from _objectives import Logistic, logreg_data
@@ -178,8 +180,9 @@ def _ops(fn):
 
 def _step_ops(method, x, g):
     """Dispatched ops of one core step of ``method`` (past its first) at ``x``, ``g``."""
-    from amopt import _core
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
+    from amopt.optimize import split as _split
+    from amopt.optimize import steps as _core
 
     xs, gs = (x,), (g,)
     if method == "gd":
@@ -204,12 +207,12 @@ def _step_ops(method, x, g):
     pending, sums = [], []
 
     def sums_part():
-        pending[:], sums[:] = _core.am_momentum_sums(xs, gs, state, config=config)
+        pending[:], sums[:] = _split.am_momentum_sums(xs, gs, state, config=config)
 
     ops = _ops(sums_part)
     values = [float(s) for s in sums]
     return ops + _ops(
-        lambda: _core.am_momentum_apply(
+        lambda: _split.am_momentum_apply(
             xs, gs, state, tuple(pending), values, lr=0.01, f=0.5, config=config
         )
     )
@@ -244,7 +247,7 @@ def test_the_rule_runs_on_host_numbers(monkeypatch, method):
         prob, torch.zeros(20, dtype=torch.float64), method=method, options=_options(method, False)
     )
     # NumPy values (several scopes, or a rule that cannot be recorded), or the rule
-    # recorded once (amopt._tape) and its tape run on host floats: never a tensor
+    # recorded once (amopt.core.tape) and its tape run on host floats: never a tensor
     assert seen and set(seen) <= {np.ndarray, _tape._Sums}
 
 
@@ -427,7 +430,11 @@ def _imports(path: Path) -> set[str]:
 
 def test_no_import_circle_through_the_loop_and_the_lazy_package():
     root = Path(amopt.__file__).parent
-    files = [root / "_loop.py", *sorted((root / "_lazy").glob("*.py"))]
+    files = [
+        root / "optimize" / "loop.py",
+        root / "backends" / "device.py",
+        *sorted((root / "backends" / "dask").glob("*.py")),
+    ]
     names = {
         ".".join(f.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): f
         for f in files
@@ -437,10 +444,11 @@ def test_no_import_circle_through_the_loop_and_the_lazy_package():
     }
     # nothing in the lazy package imports the loop (or anything above it)
     for name in names:
-        if name.startswith("amopt._lazy"):
-            assert "amopt._loop" not in _imports(names[name]), name
+        if name.startswith(("amopt.backends.dask", "amopt.backends.device")):
+            assert "amopt.optimize.loop" not in _imports(names[name]), name
             assert not any(
-                m.startswith(("amopt._methods", "amopt._minimize")) for m in _imports(names[name])
+                m.startswith(("amopt.optimize.methods", "amopt.optimize.minimize"))
+                for m in _imports(names[name])
             ), name
 
     def reaches(start, target, seen=()):

@@ -301,7 +301,7 @@ def test_classical_momentum_matches_its_definition_on_every_array_kind(method, k
             return [a[:5] * xs[0], a[5:] * xs[1]]
 
     else:
-        xp = amopt.backends.array_namespace(A)
+        xp = amopt.core.xp.array_namespace(A)
 
         def fun(x):
             return 0.5 * xp.sum(A * x * x)

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import amopt
-from amopt import _loop
-from amopt._lazy import _device
+from amopt.backends import device as _device
 from amopt.backends import library_available
+from amopt.optimize import loop as _loop
 
 from test_minimize_device_syncs import (
     ADAM_FAMILY,
@@ -359,7 +359,7 @@ def test_the_device_rule_takes_the_library_behind_the_compat_namespace():
     import array_api_compat.numpy as npx
     import array_api_compat.torch as tx
 
-    from amopt._reduce import plain_namespace
+    from amopt.backends import plain_namespace
 
     assert plain_namespace(tx) is torch
     assert plain_namespace(npx) is npx
@@ -370,8 +370,9 @@ def test_the_device_rule_takes_the_library_behind_the_compat_namespace():
 def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
     """The device rule's calls on a NumPy-like library module (CuPy's API is NumPy's),
     here NumPy itself, give the host rule's betas and gammas bit for bit."""
-    from amopt import _core, _rule
-    from amopt._config import AMConfig
+    from amopt.core import rule as _rule
+    from amopt.core.config import AMConfig
+    from amopt.optimize import split as _split
 
     rng = np.random.default_rng(3)
     values = []
@@ -380,9 +381,9 @@ def test_the_device_rule_on_a_numpy_like_module_is_the_host_rule(exact, scopes):
         values += [vv, gg, rng.uniform(-1, 1) * math.sqrt(vv * gg)]
     config = AMConfig.from_options({"per_layer": scopes > 1})
     f_dec = 0.3 if exact else None
-    host = _core._host_rule(
+    host = _split._host_rule(
         _rule.momentum_beta,
-        _core._momentum_sums_of(values, exact),
+        _split._momentum_sums_of(values, exact),
         5 if exact else 3,
         config,
         lr=0.1,

@@ -1,4 +1,4 @@
-"""The beta rules exist once: replacing them in ``amopt._rule`` changes every surface.
+"""The beta rules exist once: replacing them in ``amopt.core.rule`` changes every surface.
 
 Each rule function is swapped (monkeypatch) for one that returns a marker value of
 beta that no real rule would produce on these problems; then every surface must
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import amopt
-from amopt import _rule
 from amopt.bench import cases
+from amopt.core import rule as _rule
 from amopt.torch import AMSGD, AMAdam, AMAdamW
 
 MARK = 0.3125  # exactly representable in every float type
@@ -156,12 +156,12 @@ def test_bench_cases_use_the_rule(marked):
 
 @pytest.mark.parametrize("variant", [None, "clip", "restart"])
 def test_host_rule_on_scalars_is_the_rule_on_arrays(variant):
-    """The device loop runs one scope's rule on NumPy scalars (``_core._HostScalars``):
-    the same values, bit for bit, as the rule on a NumPy array of that scope, over
-    ordinary, degenerate (tiny ``<v,v>``), overflowing (inf, NaN) and signed sums, for
-    both families and both numerators."""
-    from amopt import _core
-    from amopt._config import AMConfig
+    """The device loop runs one scope's rule on NumPy scalars
+    (``amopt.optimize.split._HostScalars``): the same values, bit for bit, as the rule on a
+    NumPy array of that scope, over ordinary, degenerate (tiny ``<v,v>``), overflowing (inf,
+    NaN) and signed sums, for both families and both numerators."""
+    from amopt.core.config import AMConfig
+    from amopt.optimize import split as _split
 
     rng = np.random.default_rng(0)
     rows = list(np.exp(rng.normal(0.0, 3.0, size=(200, 5))) * rng.choice([-1.0, 1.0], (200, 5)))
@@ -182,7 +182,7 @@ def test_host_rule_on_scalars_is_the_rule_on_arrays(variant):
     for rule, k, kwargs in cases_:
         for row in rows:
             sums = [float(v) for v in row[:k]]
-            got = _core._host_rule(rule, sums, k, config, **kwargs)
+            got = _split._host_rule(rule, sums, k, config, **kwargs)
             with np.errstate(all="ignore"):
                 want = rule(np, np.asarray(sums).reshape(1, k), config, **kwargs)
             got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))

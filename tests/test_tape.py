@@ -1,4 +1,4 @@
-"""The rules recorded as tapes (amopt._tape) and run by the fused kernels' evaluator.
+"""The rules recorded as tapes (amopt.core.tape) and run by the fused kernels' evaluator.
 
 Oracle: the rule itself, run by NumPy on the same float64 sums. Both evaluate the same
 IEEE operations in the same order with one rounding each, so they must agree bit for
@@ -13,8 +13,9 @@ import itertools
 import numpy as np
 import pytest
 
-from amopt import _rule, _tape
-from amopt._config import AMConfig
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
+from amopt.core.config import AMConfig
 
 torch = pytest.importorskip("torch")
 
@@ -68,7 +69,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
 
 
 #: The two evaluators of a tape: the fused kernels' (C) and straight-line Python on floats
-#: (amopt._tape.python_rule, which the NumPy minimize loop runs for its one scope).
+#: (amopt.core.tape.python_rule, which the NumPy minimize loop runs for its one scope).
 EVALUATORS = [pytest.param("kernels", marks=needs_kernels), "python"]
 
 
@@ -115,7 +116,7 @@ def test_adam_tape_matches_the_rule_bit_for_bit(evaluator, options, weight_decay
 def test_python_exact_momentum_rule_matches_the_rule_bit_for_bit(options):
     """The exact numerator, ``f_decrease`` a sixth input, against the rule run with it as
     a Python float (as ``minimize`` passes it), one scope at a time."""
-    from amopt import _numpy_fast
+    from amopt.backends import numpy as _numpy_fast
 
     cfg = AMConfig.cached(numerator="exact", **options)
     lr = 0.3
@@ -140,7 +141,7 @@ def test_python_exact_momentum_rule_matches_the_rule_bit_for_bit(options):
 def test_the_numpy_loops_rule_is_the_rule_for_every_kind_of_f_decrease(f_decrease):
     """The NumPy fast path runs the Python tape for float64 f_decrease and the rule itself
     otherwise (a float32 one promotes differently): the result is the rule's either way."""
-    from amopt import _numpy_fast
+    from amopt.backends import numpy as _numpy_fast
 
     numerator = "linear" if f_decrease is None else "exact"
     cfg = AMConfig.cached(numerator=numerator, lam=0.5, beta_max=0.95)

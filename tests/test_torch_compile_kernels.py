@@ -104,8 +104,8 @@ def test_the_compiled_step_operators_pass_opcheck():
 def test_rule_from_sums_gives_the_rule_of_the_added_sums():
     """The operator's sums (per tensor) added up and <d,d> formed from <v,g> give the beta
     of the rule on the sums formed directly."""
-    from amopt import _rule
-    from amopt._config import AMConfig
+    from amopt.core import rule as _rule
+    from amopt.core.config import AMConfig
 
     gen = torch.Generator().manual_seed(3)
     gs = [torch.randn(50, generator=gen, dtype=torch.float64) for _ in range(3)]
@@ -130,8 +130,8 @@ def test_adam_rule_from_sums_weighs_as_the_eager_step_and_makes_no_tensor_of_dat
     term by term with the weights as numbers (the eager step's expression, to the bit):
     no tensor is made from host data in the operator (on a GPU a copy per step, which
     a CUDA graph cannot capture)."""
-    from amopt import _rule
-    from amopt._config import AMConfig
+    from amopt.core import rule as _rule
+    from amopt.core.config import AMConfig
     from amopt.torch._records import rule_numbers
     from benchmarks.counters import OpCounter
 
@@ -167,9 +167,9 @@ def test_adam_rule_from_sums_weighs_as_the_eager_step_and_makes_no_tensor_of_dat
 
 @pytest.mark.parametrize("cls", [AMSGD, AMAdamW], ids=["AMSGD", "AMAdamW"])
 def test_the_compiled_rule_is_looked_up_when_it_runs(cls, monkeypatch):
-    """The operator calls ``amopt._rule``'s function of the moment, as every surface
+    """The operator calls ``amopt.core.rule``'s function of the moment, as every surface
     does: a rule replaced after compilation is the one a compiled step runs."""
-    from amopt import _rule
+    from amopt.core import rule as _rule
 
     name = "momentum_beta" if cls is AMSGD else "adam_beta"
     params, opt, gen = _group(cls, foreach=False)
@@ -197,7 +197,7 @@ def test_a_tensor_lr_is_read_when_the_operator_runs_and_refused_under_capture(mo
     """The compiled Triton step reads a tensor ``lr`` when it runs (a scheduler's new
     value needs no new graph); while a CUDA graph is captured that read would be
     replayed as the captured number, so the operator refuses it, naming ``lr``."""
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
     from amopt.torch import _fused_ops
     from amopt.torch._records import rule_numbers
 

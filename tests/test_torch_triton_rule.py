@@ -1,7 +1,7 @@
 """The AM-MGD rule of ``minimize`` on torch CUDA tensors as one Triton kernel.
 
 Without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set here
-for this module only) on CPU tensors, which ``amopt._torch_rule.FORCE`` lets it take.
+for this module only) on CPU tensors, which ``amopt.backends.torch.rule.FORCE`` lets it take.
 The reference is the rule itself on float64 NumPy sums (bit for bit), and, for whole
 runs, the waiting loop, whose rule runs on host floats.
 """
@@ -18,8 +18,11 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 import amopt
-from amopt import _loop, _rule, _torch_apply, _torch_rule
-from amopt._config import AMConfig
+from amopt.backends.torch import apply as _torch_apply
+from amopt.backends.torch import rule as _torch_rule
+from amopt.core import rule as _rule
+from amopt.core.config import AMConfig
+from amopt.optimize import loop as _loop
 from benchmarks.counters import OpCounter
 
 from _kernel_bodies import same_bits
@@ -80,7 +83,7 @@ def test_the_apply_kernel_is_the_tensor_operations_bit_for_bit(dtype, with_v):
         warnings.filterwarnings("error", message="the AM apply's Triton kernel failed")
         out = _torch_apply.momentum_apply(x, g, v if with_v else d, c, 0.0731, with_v)
     assert out is not None
-    want_d = g + c * v  # the tensor operations of _core.am_momentum_apply
+    want_d = g + c * v  # the tensor operations of amopt.optimize.split.am_momentum_apply
     want_x = x - 0.0731 * want_d
     same_bits(out[0].cpu().numpy(), want_d.cpu().numpy())
     same_bits(out[1].cpu().numpy(), want_x.cpu().numpy())
@@ -197,7 +200,7 @@ def test_the_pipelined_step_is_a_handful_of_launches(monkeypatch):
 
 
 def test_without_triton_the_rule_runs_as_tensor_operations(monkeypatch):
-    monkeypatch.setattr(_torch_rule, "_has_triton", lambda: False)
+    monkeypatch.setattr(_torch_rule.backends, "library_available", lambda name: name != "triton")
     rows = _rows(np.random.default_rng(1), 5)
     sums = [torch.tensor(v, dtype=torch.float64) for v in rows.reshape(-1)]
     config = AMConfig.from_options({})

@@ -27,8 +27,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")  # the only reason to skip: CI installs triton
 
-from amopt import _rule, _torch_rule  # noqa: E402
-from amopt._config import AMConfig  # noqa: E402
+from amopt.backends.torch import rule as _torch_rule  # noqa: E402
+from amopt.core import rule as _rule  # noqa: E402
+from amopt.core.config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
 from amopt.torch._common import (  # noqa: E402
@@ -606,7 +607,8 @@ def test_many_tensors_and_mixed_dtypes_in_few_launches(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["amsgd", "am_adamw"])
 def test_the_rule_is_looked_up_at_call_time(kind, monkeypatch):
-    """Replacing the rule in ``amopt._rule`` changes the kernels' step: beta is fixed at 0.25."""
+    """Replacing the rule in ``amopt.core.rule`` changes the kernels' step: beta is fixed at
+    0.25."""
     calls = []
 
     def momentum_beta(xp, sums, cfg, **kw):

@@ -48,7 +48,7 @@ def _record_and_compile() -> list[dict]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
     from amopt.torch import _triton as tri
     from amopt.torch._common import AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
 

@@ -203,7 +203,7 @@ def test_functional_step_with_host_counters_does_not_wait(per_layer):
     """The unplanned driver (compiled steps, sharded groups) with host step counters,
     as the optimizers keep them: the counters reach the device in one non-blocking copy
     from page-locked memory, not one blocking copy each, and nothing is read back."""
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
     from amopt.torch._records import AdamHyper, AdamTensors
     from amopt.torch._triton import triton_am_adamw
 

@@ -350,7 +350,7 @@ def test_local_gradients_that_are_copies_are_found_anew_at_every_step():
 def test_functional_step_rewrites_the_addresses_of_new_gradients(per_layer, monkeypatch):
     """The unplanned driver (compiled and sharded steps): gradients at new addresses,
     the rest where it was, take the cached plan with its gradient column rewritten."""
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
     from amopt.torch._records import AdamHyper, AdamTensors
 
     _stub_kernels(monkeypatch)
@@ -378,7 +378,7 @@ def test_functional_plans_of_many_groups_each_built_once(monkeypatch):
     groups share (least recently used out): twenty groups stepped in turn, for three
     rounds, build twenty plans (a cache of the first eight in, first out rebuilt every
     plan at every step)."""
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
     from amopt.torch._records import AdamHyper, AdamTensors
 
     _stub_kernels(monkeypatch)
@@ -425,7 +425,7 @@ def test_functional_step_checks_what_its_cached_plan_cannot_see(monkeypatch):
     """The unplanned driver skips its per-tensor checks for the tensors of a cached plan
     (same addresses, sizes and dtypes); a tensor at a known address that is now of
     another dtype, or not contiguous, still gets the checks' error."""
-    from amopt._config import AMConfig
+    from amopt.core.config import AMConfig
     from amopt.torch._records import AdamHyper, AdamTensors
 
     _stub_kernels(monkeypatch)

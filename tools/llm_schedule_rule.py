@@ -25,7 +25,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from amopt import _rule
+    from amopt.core import rule as _rule
     from amopt.experiments import llm
     from amopt.experiments._data import load_text, split_text
 

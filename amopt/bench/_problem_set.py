@@ -217,7 +217,7 @@ def _run(method: str, options: Callable | None, prob: Any, x0: np.ndarray, L: fl
          gtol: float, maxiter: int) -> Outcome:  # fmt: skip
     import scipy.optimize
 
-    from amopt._minimize import minimize
+    from amopt.optimize.minimize import minimize
 
     t0 = time.perf_counter()
     if options is None:
@@ -246,7 +246,7 @@ def _L(prob: Any, x0: np.ndarray) -> float:
     L = getattr(prob, "L", None)
     if L is not None:
         return float(L)
-    from amopt._step_size import default_lr
+    from amopt.optimize.step_size import default_lr
 
     return 1.0 / default_lr(prob, x0, (), None)[0]
 

@@ -395,7 +395,7 @@ class CoreStepCase:
     """
 
     def __init__(self, method: str, n: int, backend: str = "numpy", seed: int = 0) -> None:
-        from amopt import _core
+        from amopt.optimize import steps as _core
 
         rng = np.random.default_rng(seed)
         host = [rng.standard_normal(n) for _ in range(3)]

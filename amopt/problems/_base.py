@@ -9,15 +9,17 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ..backends import array_namespace, is_array, to_numpy
-from ._device_sparse import (
+from ..backends import to_numpy
+from ..backends.sparse import (
     DeviceCSR,
     _GatheredRows,
     _SelectedRows,
     _Structure,
     _take_rows,
+    device_indices,
     device_library,
 )
+from ..core.xp import array_namespace, is_array
 
 __all__ = ["Problem", "FiniteSumProblem"]
 
@@ -149,7 +151,7 @@ class _RowSum(FiniteSumProblem):
     """A finite sum over the rows of a design: :math:`f_i` depends on row ``i`` and its target.
 
     Subclasses set ``_data`` (a :class:`_Design`, or the chunked design of
-    :mod:`amopt._lazy` for a dask ``X``) and ``_eval(x, xp, X, t, m, XT=None)``,
+    :mod:`amopt.backends.dask` for a dask ``X``) and ``_eval(x, xp, X, t, m, XT=None)``,
     the objective and gradient of the ``m`` rows ``X`` with targets ``t``;
     ``_shapes`` are the accepted shapes of ``x`` (None: ``(dim,)``).
     """
@@ -174,7 +176,7 @@ class _RowSum(FiniteSumProblem):
         nothing is read back (so its values are not range-checked on the host).
         """
         x, xp = self._prepare(x, self._shapes)
-        idx = self._device_indices(indices, x)
+        idx = device_indices(indices, x)
         if idx is None:
             idx = self._check_indices(indices)
         if getattr(self._data, "lazy", False):
@@ -182,47 +184,6 @@ class _RowSum(FiniteSumProblem):
         X, t = self._data.arrays(x, xp)
         Xb, tb = self._data.rows(X, t, idx, xp, x)
         return self._eval(x, xp, Xb, tb, idx.shape[0])
-
-    def _device_indices(self, indices: Any, x: Any) -> Any:
-        """``indices`` on x's device when both are torch tensors or both CuPy arrays, else None.
-
-        Only the shape and dtype are checked: reading the values to check their
-        range would cost a device synchronisation per batch. Out-of-range
-        torch indices raise ``IndexError`` from torch's indexing on the CPU
-        (a device-side assertion on CUDA); CuPy wraps them around.
-        """
-        lib = device_library(x)
-        if lib is None or device_library(indices) != lib:
-            return None
-        if lib == "torch":
-            import torch
-
-            integer = not (
-                indices.dtype.is_floating_point
-                or indices.dtype.is_complex
-                or indices.dtype == torch.bool
-            )
-        else:
-            integer = indices.dtype.kind in "iu"
-        if indices.ndim != 1 or not integer:
-            raise ValueError(
-                f"indices must be a 1-D integer array, got shape {tuple(indices.shape)} and "
-                f"dtype {indices.dtype}"
-            )
-        if indices.shape[0] == 0:
-            raise ValueError("indices must not be empty")
-        if lib == "torch":
-            import torch
-
-            if indices.device == x.device and indices.dtype == torch.int64:
-                return indices  # the sampler's: nothing to convert, no operation per batch
-            return indices.to(device=x.device, dtype=torch.int64)
-        if indices.device != x.device:
-            with x.device:
-                import cupy
-
-                return cupy.asarray(indices)
-        return indices
 
 
 class _SolvedNumerically:
@@ -348,7 +309,7 @@ class _Design:
         """``(X, targets)`` in the namespace/device/dtype of ``x``.
 
         A sparse ``X`` stays a SciPy matrix for NumPy ``x``, becomes a
-        :class:`~._device_sparse.DeviceCSR` (torch sparse CSR or
+        :class:`~amopt.backends.sparse.DeviceCSR` (torch sparse CSR or
         ``cupyx.scipy.sparse``) for torch and CuPy ``x``; built once per
         (namespace, device, dtype) and cached.
         """

@@ -11,10 +11,10 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.special
 
-from .. import _lazy
+from .. import backends
+from ..backends import dask as _lazy
 from ..backends import to_numpy
 from ..datasets._libsvm import _check_label_values, _label_convention, binary_labels, class_indices
-from . import _cupy_logistic
 from ._base import _check_int, _check_scalar, _Design, _RowSum, _SolvedNumerically
 from ._reference import ReferenceSolution, solve_reference
 
@@ -41,7 +41,7 @@ def _design(X: Any, targets: np.ndarray, lazy_labels: Any, kind: str, classes: n
     they stay where the labels are (e.g. on the workers of a cluster).
     """
     if lazy_labels is not None:
-        from .._lazy._design import label_targets
+        from ..backends.dask._design import label_targets
 
         targets = label_targets(lazy_labels, kind, classes)
     return _lazy.design(X, targets) or _Design(X, targets)
@@ -262,9 +262,9 @@ class LogisticRegression(_SolvedNumerically, _RowSum):
         data = self._data
         if self.kind == "binary":
             z = data.matvec(X, x)
-            fused = None
-            if array_api_compat.is_cupy_array(z):  # the six operations below in one kernel
-                fused = _cupy_logistic.loss_and_residual(t, z)
+            # the six operations below in one kernel where the library has one (CuPy)
+            loss_kernel = backends.kernel(backends.library_of(z), "logistic_loss")
+            fused = loss_kernel and loss_kernel(t, z)
             if fused is None:
                 neg_margin = -(t * z)
                 loss = xp.logaddexp(self._zero(neg_margin, xp), neg_margin)

@@ -9,7 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from .. import _lazy
+from ..backends import dask as _lazy
 from ..backends import to_numpy
 from ._base import (
     Problem,

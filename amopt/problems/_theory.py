@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core import am_momentum_init, am_momentum_step
+from ..optimize.steps import am_momentum_init, am_momentum_step
 from ._base import _check_int, _check_scalar
 
 __all__ = ["TheoremCheck", "check_fixed_cap", "check_theorem_3_1", "check_theorem_3_2"]

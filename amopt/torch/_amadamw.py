@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
-from amopt import _rule
-from amopt._config import AMConfig, check_bool, check_choice, check_interval
+from amopt.core import rule as _rule
+from amopt.core.config import AMConfig, check_bool, check_choice, check_interval
 from amopt.torch import _distributed, _fused, _fused_ops, _traced_ops
 from amopt.torch._common import (
     AdamHyper,

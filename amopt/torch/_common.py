@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from amopt import _rule
-from amopt._config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
+from amopt.core import rule as _rule
+from amopt.core.config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
 from amopt.torch import _eager, _fused, _traced_ops
 from amopt.torch._records import (  # noqa: F401 - the records, re-exported
     NO_SCALER,

@@ -70,7 +70,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from amopt import _rule, _tape
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
 from amopt.torch import _eager
 from amopt.torch._records import (
     NO_SCALER,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from amopt import _rule
+from amopt.core import rule as _rule
 from amopt.torch._records import (
     AdamHyper,
     AdamTensors,

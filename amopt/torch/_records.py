@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from amopt._config import AMConfig
+from amopt.core.config import AMConfig
 
 __all__ = [
     "NO_SCALER",

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from amopt import _rule
+from amopt.core import rule as _rule
 from amopt.torch._records import rule_config_from, rule_numbers, scope_sums, wide_dtype
 
 __all__: list[str] = []

@@ -69,8 +69,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from amopt import _rule, _tape, _torch_rule
-from amopt._config import AMConfig, check_bool, check_choice, check_nonnegative
+from amopt.backends import triton as _emit
+from amopt.backends.torch import rule as _torch_rule
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
+from amopt.core.config import AMConfig, check_bool, check_choice, check_nonnegative
 from amopt.torch import _eager
 from amopt.torch._records import (
     NO_SCALER,
@@ -613,7 +616,7 @@ def _make_rule_kernel(
         tape = _tape.traced(
             _tape.input_rule, _K + 1, base=rule, name=extra, cfg=config, dtype=np_dtype
         )
-    return None if tape is None else _tape.triton_kernel(*tape, np_dtype, interpret)
+    return None if tape is None else _emit.triton_kernel(*tape, np_dtype, interpret)
 
 
 def _fused_rule(

@@ -1,6 +1,6 @@
 """The AM momentum apply on torch CUDA tensors as one Triton kernel.
 
-The counterpart of :mod:`amopt._cupy_apply` for torch: in the pipelined loop of
+The counterpart of :mod:`amopt.backends.cupy.apply` for torch: in the pipelined loop of
 :func:`amopt.minimize`, :math:`d_{t+1} = g_t + \\gamma_t (d_t - g_t)` and
 :math:`x_{t+1} = x_t - \\eta\\, d_{t+1}` in one launch that reads :math:`x`, :math:`g`
 and :math:`v = d - g` (or :math:`d`) and writes the new :math:`d` and :math:`x` (five
@@ -9,7 +9,7 @@ into multiply-adds, every operation rounds once in float64, as torch's operation
 their values bit for bit.
 
 Contiguous float64 tensors on CUDA (CPU tensors under ``TRITON_INTERPRET=1`` when
-:data:`amopt._torch_rule.FORCE` asks), with ``gamma`` a 0-d float64 tensor (the device
+:data:`amopt.backends.torch.rule.FORCE` asks), with ``gamma`` a 0-d float64 tensor (the device
 rule's). float32 keeps the tensor operations: Triton may compile float32 arithmetic to
 instructions that flush subnormal values to zero, which torch's kernels keep (float64
 has no such mode). Anything else, or a kernel Triton cannot build (one warning per
@@ -21,8 +21,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from amopt import _torch_rule
-from amopt._fallback import kernel_failed
+from amopt import backends
+from amopt.backends import triton as _triton
+from amopt.backends.fallback import KernelCache
+from amopt.backends.torch import rule as _torch_rule
 
 __all__ = ["momentum_apply"]
 
@@ -71,7 +73,8 @@ def _jitted(interpret: bool) -> Any:
     return triton.jit(_apply)
 
 
-_FAILED: list[bool] = []
+#: whether the kernel failed (then never again here); the kernel itself is :func:`_jitted`
+_KERNELS = KernelCache("the AM apply's Triton kernel", "the apply runs as tensor operations")
 
 
 def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -> Any:
@@ -80,7 +83,7 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
     left to the tensor operations."""
     import torch
 
-    if _FAILED or x.dtype != torch.float64:
+    if _KERNELS.off("apply") or x.dtype != torch.float64:
         return None
     if g.dtype != x.dtype or w.dtype != x.dtype or not isinstance(coef, torch.Tensor):
         return None
@@ -88,10 +91,10 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
         return None
     if not (x.is_contiguous() and g.is_contiguous() and w.is_contiguous()):
         return None
-    if not (_torch_rule.applies(x) and _torch_rule._has_triton()):
+    if not (_torch_rule.applies(x) and backends.library_available("triton")):
         return None
     try:
-        interpret = _torch_rule._interpret()
+        interpret = _triton.interpret()
         dn, xn = torch.empty_like(x), torch.empty_like(x)
         n = x.numel()
         options = {} if interpret else {"num_warps": 4, "enable_fp_fusion": False}
@@ -100,6 +103,5 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
         )
         return dn, xn
     except Exception as exc:  # noqa: BLE001 - a kernel Triton cannot build or run here
-        _FAILED.append(True)
-        kernel_failed("the AM apply's Triton kernel", exc, "the apply runs as tensor operations")
+        _KERNELS.failed("apply", exc)
         return None

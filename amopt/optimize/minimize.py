@@ -1,8 +1,8 @@
 """``amopt.minimize``: a ``scipy.optimize.minimize``-shaped driver over the array-API core.
 
-The methods live in :mod:`amopt._methods` (one ``_minimize_<method>`` each,
+The methods live in :mod:`amopt.optimize.methods` (one ``_minimize_<method>`` each,
 whose keyword arguments are the method's options) and share the loop of
-:mod:`amopt._loop`.
+:mod:`amopt.optimize.loop`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 from scipy.optimize import OptimizeResult
 
-from amopt._config import check_nonnegative
-from amopt._finite_sum import FiniteSum
-from amopt._loop import STATUS_MESSAGES, _wrap_callback
-from amopt._methods import METHODS
+from amopt.core.config import check_nonnegative
+from amopt.optimize.finite_sum import FiniteSum
+from amopt.optimize.loop import STATUS_MESSAGES, _wrap_callback
+from amopt.optimize.methods import METHODS
 
 __all__ = ["minimize", "scipy_method", "show_options", "METHODS", "STATUS_MESSAGES"]
 

@@ -96,7 +96,7 @@ def record() -> Iterator[list[StepTimings]]:
     --------
     >>> import dask.array as da
     >>> import amopt
-    >>> from amopt._lazy._session import record
+    >>> from amopt.backends.dask._session import record
     >>> with record() as runs:
     ...     res = amopt.minimize(lambda x: (x * x).sum(), da.ones(4), jac=lambda x: 2 * x,
     ...                          options={"lr": 0.25, "maxiter": 3, "gtol": 0})
@@ -260,9 +260,9 @@ class LazySession:
 
     Parameters
     ----------
-    layout : amopt._loop._Layout
+    layout : amopt.optimize.loop._Layout
         The structure of ``x0`` (its arrays are dask arrays).
-    objective : amopt._loop._Objective
+    objective : amopt.optimize.loop._Objective
         The objective wrapper; its function and gradient are called on dask
         arrays and their results are left lazy.
     step : callable

@@ -16,7 +16,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from amopt._rule import NUMERATORS, VARIANTS, WEIGHT_DECAY_MODES
+from amopt.core.rule import NUMERATORS, VARIANTS, WEIGHT_DECAY_MODES
 
 __all__ = [
     "AMConfig",
@@ -134,7 +134,7 @@ class AMConfig:
 
     Examples
     --------
-    >>> from amopt._config import AMConfig
+    >>> from amopt.core.config import AMConfig
     >>> AMConfig(lam=0.1, beta_max=0.9, variant="clip").beta_min
     0.5
     >>> AMConfig(lam=-1.0)

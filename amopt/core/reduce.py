@@ -1,13 +1,14 @@
 """The reduce stage of the array-API core: per-scope sums of the AM rules.
 
 Each function returns one stacked array of shape ``(n_scopes, n_sums)`` in the
-accumulation dtype (float64 if any array of the scope is float64, else float32:
-half-precision inputs are promoted before any product, so that squares neither
-overflow nor underflow in the input dtype); scopes of different accumulation dtypes
-give a list of rows instead. The order of the sums is that of
-:data:`amopt._rule.MOMENTUM_SUMS` / :data:`amopt._rule.ADAM_SUMS`; the rule in
-:mod:`amopt._rule` maps them to beta. Also here: the array helpers the core's
-step functions share (parameter lists, scopes, accumulation dtypes).
+accumulation dtype (:func:`accumulation_dtype`: float64 wherever the arrays' device has
+it, so that squares neither overflow nor underflow in the input dtype); scopes of
+different accumulation dtypes give a list of rows instead. The order of the sums is that of
+:data:`amopt.core.rule.MOMENTUM_SUMS` / :data:`amopt.core.rule.ADAM_SUMS`; the rule in
+:mod:`amopt.core.rule` maps them to beta. Also here: the array helpers the core's
+step functions share (parameter lists, scopes) and the one dtype policy: the
+accumulation dtype of sums (:func:`accumulation_dtype`) and the compute dtype of
+elementwise updates (:func:`compute_dtype`).
 """
 
 from __future__ import annotations
@@ -15,19 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import array_api_compat
-
-from amopt.backends import accumulation_dtype
-
 __all__ = [
     "Array",
-    "acc_dtype",
+    "accumulation_dtype",
     "cast",
     "compute_dtype",
     "adam_sums",
     "as_tuple",
     "momentum_sums",
-    "plain_namespace",
     "restore",
     "row",
     "scopes",
@@ -52,7 +48,7 @@ def scopes(n: int, per_layer: bool) -> list[tuple[int, ...]]:
     return [(i,) for i in range(n)] if per_layer else [tuple(range(n))]
 
 
-def acc_dtype(xp: Any, arrays: Sequence[Array]) -> Any:
+def accumulation_dtype(xp: Any, arrays: Sequence[Array]) -> Any:
     """Accumulation dtype of a scope's sums: float64 wherever the arrays' device has it.
 
     The rule is scale-invariant (at ``lam = 0`` beta depends only on the direction of
@@ -65,44 +61,26 @@ def acc_dtype(xp: Any, arrays: Sequence[Array]) -> Any:
         return xp.float64
     device = getattr(arrays[0], "device", None)
     if getattr(device, "type", None) == "mps":
-        return accumulation_dtype(xp, arrays[0].dtype)
+        return compute_dtype(xp, arrays[0])
     return xp.float64
 
 
 def compute_dtype(xp: Any, array: Array) -> Any:
-    """The dtype elementwise updates are computed in: float32 for half precision."""
-    return accumulation_dtype(xp, array.dtype)
+    """The dtype elementwise updates are computed in: float32 for half precision (float16
+    and bfloat16 would overflow at 256 when squared and lose the small terms), else the
+    array's own (float32 or float64)."""
+    return xp.float64 if array.dtype == xp.float64 else xp.float32
 
 
 def cast(xp: Any, a: Array, dtype: Any) -> Array:
     """``a`` in ``dtype`` (no copy when it already is); also for the plain ``torch`` and
-    ``cupy`` modules (:func:`plain_namespace`)."""
+    ``cupy`` modules (:func:`amopt.backends.plain_namespace`)."""
     if a.dtype == dtype:
         return a
     astype = getattr(xp, "astype", None)
     if astype is not None:
         return astype(a, dtype)
     return a.to(dtype) if hasattr(a, "to") else a.astype(dtype)
-
-
-def plain_namespace(xp: Any) -> Any:
-    """The library behind a compat namespace of torch or CuPy, for the rule on a device.
-
-    The rule (:mod:`amopt._rule`) is a few elementwise operations on 0-d arrays; its
-    functions are the library's own there, without the compat layer's wrappers: a
-    Python call less each, and for CuPy a ``clip`` without boolean-mask assignments,
-    each of which reads the mask's count back to the host. Any other ``xp`` is
-    returned as it is.
-    """
-    if array_api_compat.is_torch_namespace(xp):
-        import torch
-
-        return torch
-    if array_api_compat.is_cupy_namespace(xp):
-        import cupy
-
-        return cupy
-    return xp
 
 
 def _dot(xp: Any, a: Array, b: Array) -> Array:
@@ -138,7 +116,7 @@ def momentum_sums(
     """
     rows = []
     for scope in scope_list:
-        acc = acc_dtype(xp, [gs[i] for i in scope])
+        acc = accumulation_dtype(xp, [gs[i] for i in scope])
         cols: list[Array] = []
         for i in scope:
             g = cast(xp, gs[i], acc)
@@ -167,13 +145,14 @@ def adam_sums(
     """AM-Adam(W) sums ``N, D, ref`` of each scope, shape ``(n_scopes, 3)``.
 
     ``ps`` is the preconditioner of every array; ``weights`` (from
-    :func:`amopt._rule.adam_weights`) weigh the elementwise terms of the numerator,
-    :data:`amopt._rule.ADAM_TERMS` or, with ``exact``, :data:`amopt._rule.ADAM_EXACT_TERMS`.
+    :func:`amopt.core.rule.adam_weights`) weigh the elementwise terms of the numerator,
+    :data:`amopt.core.rule.ADAM_TERMS` or, with ``exact``,
+    :data:`amopt.core.rule.ADAM_EXACT_TERMS`.
     A zero weight skips its term.
     """
     rows = []
     for scope in scope_list:
-        acc = acc_dtype(xp, [gs[i] for i in scope])
+        acc = accumulation_dtype(xp, [gs[i] for i in scope])
         num = den = ref = None
         for i in scope:
             g, d, x, p = (cast(xp, a[i], acc) for a in (gs, ds, xs, ps))

@@ -3,7 +3,7 @@ r"""The Adaptive Memory rules, once: per-scope sums -> beta.
 Every AM method is three stages (``docs/architecture.md``):
 
 1. **reduce**: a kernel forms, for each beta scope, the few sums the rule needs
-   (:mod:`amopt._reduce` for the array-API core; NumPy, torch, C and Triton
+   (:mod:`amopt.core.reduce` for the array-API core; NumPy, torch, C and Triton
    kernels elsewhere), stacked in one small array, accumulated in at least float32;
 2. **rule** (this module): pure functions of those sums and a frozen
    configuration that return beta (and the coefficient of the momentum update);
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amopt._reduce import cast
+from amopt.core.reduce import cast
 
 __all__ = [
     "ADAM_SUMS",
@@ -51,7 +51,10 @@ Array = Any
 
 VARIANTS = (None, "clip", "restart")
 NUMERATORS = ("exact", "linear")
-#: ``"l2"``: AM-Adam, the decay is an L2 gradient term and the rule sees ``wd = 0``.
+#: How weight decay enters an AM-Adam(W) step, the one list of them: ``"decoupled"``
+#: (AdamW's) and ``"proximal"`` everywhere; ``"l2"`` (AM-Adam, the torch optimizers only):
+#: the decay is an L2 gradient term and the rule sees ``wd = 0``. The array steps
+#: (``minimize``'s ``am-adamw``, :func:`amopt.am_adam_step`) take the first two.
 WEIGHT_DECAY_MODES = ("decoupled", "proximal", "l2")
 
 #: AM-MGD / AM-MSGD sums of a scope, with ``v = d - g``: ``<v,v>, <g,g>, <d,d>, <v,g>,
@@ -81,7 +84,7 @@ def guarded_ratio(
     vanishing = den <= tiny * ref
     ratio = num / xp.where(vanishing, 1.0, den)
     # eight elementwise operations (on a device each is a launch), all of them in the
-    # recorded rules' set (amopt._tape)
+    # recorded rules' set (amopt.core.tape)
     beta = xp.where(xp.isnan(ratio), 0.0, xp.clip(ratio, 0.0, float(beta_max)))
     return xp.where(vanishing, degenerate, beta)
 
@@ -209,7 +212,7 @@ def momentum_beta_of_dots(
     \langle v,g\rangle`; :math:`\langle d,d\rangle = \langle v,v\rangle +
     2\langle v,g\rangle + \langle g,g\rangle` and :math:`\langle v,d\rangle =
     \langle v,v\rangle + \langle v,g\rangle` are formed from them in that order, as the
-    host forms them (``amopt._core._momentum_sums_of``). With ``exact`` the decrease of
+    host forms them (``amopt.optimize.split._momentum_sums_of``). With ``exact`` the decrease of
     f is ``f_decrease``, or ``dots[..., 3]`` when that is None (a recorded tape's input).
     """
     base = momentum_beta if base is None else base

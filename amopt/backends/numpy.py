@@ -1,15 +1,15 @@
 """NumPy fast path of :func:`amopt.am_momentum_step` (AM-MGD / AM-MSGD).
 
-:func:`amopt._core.am_momentum_step` dispatches here when every array is a
+:func:`amopt.optimize.steps.am_momentum_step` dispatches here when every array is a
 plain float64 ``numpy.ndarray``. The rule and every elementwise operation, in the
-same order, are those of the array-API implementation in :mod:`amopt._core`; what
+same order, are those of the array-API implementation in :mod:`amopt.optimize.steps`; what
 changes is how often memory is traversed and how many NumPy calls a step makes:
 
 * arrays of at most ``BLOCK`` elements: ``v = d - g`` is formed once and
   reused by the inner products and the update, the new momentum
   ``g + coef * v`` is built in the buffer of ``v`` and ``x - lr * d`` in the
   buffer of ``lr * d``. The inner products are the same pairwise sums of the
-  same products as in :mod:`amopt._core`: the result is identical, bit for bit;
+  same products as in :mod:`amopt.optimize.steps`: the result is identical, bit for bit;
 * larger arrays are walked in blocks of ``BLOCK`` elements that stay in cache:
   one pass reads ``g`` and ``d`` once and accumulates every inner product of the
   rule, a second pass reads ``g``, ``d``, ``x`` and writes the new ``d`` and
@@ -22,7 +22,7 @@ changes is how often memory is traversed and how many NumPy calls a step makes:
   computed (it is exactly zero whenever it is finite, and when it is not, the
   zero-denominator guard already sets beta to 0);
 * the sums of each scope are stacked as the array-API reduce stacks them and go
-  through the one rule, :func:`amopt._rule.momentum_beta`; this module holds
+  through the one rule, :func:`amopt.core.rule.momentum_beta`; this module holds
   no beta math.
 
 Caller arrays are never modified.
@@ -35,11 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from amopt import _rule, _tape
+from amopt.core import rule as _rule
+from amopt.core import tape as _tape
 
-__all__ = ["BLOCK", "eligible", "am_momentum_step_numpy"]
+__all__ = ["BLOCK", "eligible", "momentum_step"]
 
-# float64 only: float32 scopes accumulate their sums in float64 (amopt._reduce.acc_dtype),
+# float64 only: float32 scopes accumulate their sums in float64
+# (amopt.core.reduce.accumulation_dtype),
 # which the array-API path does with its own casts
 _FLOAT64 = np.dtype(np.float64)
 #: arrays larger than this are processed in blocks of this many elements
@@ -60,7 +62,7 @@ def eligible(*groups: tuple[Any, ...]) -> bool:
 def _sums_small(g: np.ndarray, d: np.ndarray, exact: bool, with_vd: bool) -> tuple:
     """``(v, sums)``: ``v = d - g`` and ``[<v,v>, <g,g>, <d,d>(, <v,g>, <v,d>)]``.
 
-    Like ``amopt._reduce``, the products are of the flattened (C-order) arrays, and
+    Like ``amopt.core.reduce``, the products are of the flattened (C-order) arrays, and
     each sum is NumPy's pairwise sum of one row of products (the rows of a ``(k, n)``
     buffer reduced along their contiguous axis: the same sums as one array at a
     time, in one call). ``v`` is returned in the shape of ``g``.
@@ -132,13 +134,13 @@ def _update_blocked(
 
 
 def _exact_rule(xp: Any, sums: Any, base: Any, cfg: Any, lr: float) -> Any:
-    """``base`` (:func:`amopt._rule.momentum_beta`) with ``f_decrease`` a sixth input."""
+    """``base`` (:func:`amopt.core.rule.momentum_beta`) with ``f_decrease`` a sixth input."""
     return base(xp, sums, cfg, lr=lr, f_decrease=sums[..., 5])
 
 
 #: (rule, config, lr, exact, Python function) of the last call: minimize calls with the
 #: same ones every iteration. One tuple, rebound whole, so that threads read consistent
-#: ones. The rule is looked up in amopt._rule at every call, so that a replaced rule is
+#: ones. The rule is looked up in amopt.core.rule at every call, so that a replaced rule is
 #: the one that runs.
 _last_rule: tuple[Any, ...] = (None, None, None, None, None)
 
@@ -181,22 +183,32 @@ def _one_scope_rule(
 # --------------------------------------------------------------------------- the step
 
 
-def am_momentum_step_numpy(
+def momentum_step(
     xs: tuple[np.ndarray, ...],
     gs: tuple[np.ndarray, ...],
     ds: tuple[np.ndarray, ...],
     config: Any,
     *,
     lr: float,
+    weight_decay: float,
+    first: bool,
     f_decrease: Any,
     lr_ratio: float = 1.0,
-) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], list[np.ndarray]]:
-    """One AM step on NumPy arrays: ``(new_x, new_d, betas)``, one beta per scope.
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], list[np.ndarray]] | None:
+    """:func:`amopt.am_momentum_step` on plain float64 NumPy arrays: ``(new_x, new_d,
+    betas)``, one beta per scope; None where an array is not one (:func:`eligible`).
 
-    ``gs`` already includes coupled weight decay; ``ds`` is ``gs`` on step 0. The
-    scopes are the arrays (``config.per_layer``) or all of them together, as in
-    ``_core``; the rule is :func:`amopt._rule.momentum_beta`.
+    ``ds`` is the state's momentum, the gradients in its place at a ``first`` step;
+    coupled weight decay joins the gradients first. The scopes are the arrays
+    (``config.per_layer``) or all of them together, as in
+    :mod:`amopt.optimize.steps`; the rule is :func:`amopt.core.rule.momentum_beta`.
     """
+    if not eligible(xs, gs, ds):
+        return None
+    if weight_decay != 0:
+        gs = tuple(g + weight_decay * x for g, x in zip(gs, xs, strict=True))
+    if first:
+        ds = gs
     exact = f_decrease is not None
     with_vd = config.lam != 0  # lam * <v, d> is otherwise 0 (see the module docstring)
     if len(xs) == 1 and xs[0].size <= BLOCK:
@@ -223,7 +235,7 @@ def am_momentum_step_numpy(
                 small[i], parts = _sums_small(g, d, exact, with_vd)
             else:
                 parts = _sums_blocked(g, d, exact, with_vd)
-            # the scope sums start from the first array's, as in amopt._reduce
+            # the scope sums start from the first array's, as in amopt.core.reduce
             sums = parts if sums is None else sums + parts
         beta, gamma = _rule.momentum_beta(
             np, sums, config, lr=lr, f_decrease=f_decrease, lr_ratio=lr_ratio

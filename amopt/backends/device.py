@@ -5,7 +5,7 @@ finiteness of the iterate, the sums of the Adaptive Memory rule) waits for the
 device's queue to drain. The loop for device arrays (CuPy, torch, any array-API
 library other than NumPy and dask) therefore collects the 0-d device arrays of a step
 and reads them with :func:`read`: one stack on the device, one copy to the host. The
-dask loop (:mod:`amopt._lazy._session`) does the same with one ``dask.persist`` per
+dask loop (:mod:`amopt.backends.dask._session`) does the same with one ``dask.persist`` per
 step.
 
 Where the device runs ahead of the host (torch CUDA tensors, CuPy arrays:

@@ -1,4 +1,4 @@
-r"""A rule of :mod:`amopt._rule` recorded as a tape of scalar operations.
+r"""A rule of :mod:`amopt.core.rule` recorded as a tape of scalar operations.
 
 The rules are branch-free array-API functions, so running one on a recording
 namespace (:func:`trace`) gives the exact sequence of elementwise operations it
@@ -6,7 +6,7 @@ performs on one scope's sums. A kernel that cannot call back into Python between
 reduce and apply passes (the fused CPU kernels, which interleave the two per chunk of
 tensors while the chunk is still in cache) evaluates that tape per scope instead. The
 math still exists once: the tape is recorded from the rule that is in
-:mod:`amopt._rule` when the step runs, and holds only IEEE operations (``+ - * /``,
+:mod:`amopt.core.rule` when the step runs, and holds only IEEE operations (``+ - * /``,
 comparisons, ``where``, ``isnan``, ``maximum``, ``minimum``), evaluated in float64 one
 rounding each, as NumPy evaluates the rule on float64 sums.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from amopt import _rule
+from amopt.core import rule as _rule
 
 __all__ = [
     "INSN",
@@ -35,7 +35,6 @@ __all__ = [
     "python_rule",
     "trace",
     "traced",
-    "triton_source",
 ]
 
 #: Operation codes (``amopt/torch/csrc/am_fused_common.h`` has the same table).
@@ -228,7 +227,7 @@ def input_rule(xp: Any, sums: Any, cfg: Any, *, base: Any, name: str, **kwargs: 
     What changes from step to step without changing the rule (the learning-rate ratio of
     the linearised numerators, AM-Adam's first-step flag) is then an input of the tape
     rather than a constant: one kernel serves every step. ``base`` is the rule looked
-    up in :mod:`amopt._rule` by the caller when the step runs (and part of the cache
+    up in :mod:`amopt.core.rule` by the caller when the step runs (and part of the cache
     key), so a replaced rule is the one recorded.
     """
     return base(xp, sums, cfg, **{name: sums[..., 3]}, **kwargs)
@@ -339,7 +338,7 @@ def python_rule(rule: Callable[..., Any], n_sums: int, **kwargs: Any) -> Callabl
 
 
 def momentum_of_dots(base: Any, config: Any, lr: float, exact: bool) -> tuple | None:
-    """The tape of :func:`amopt._rule.momentum_beta_of_dots` (``rule`` ``base``): the rule
+    """The tape of :func:`amopt.core.rule.momentum_beta_of_dots` (``rule`` ``base``): the rule
     of ``minimize``'s device split, from a scope's three dots (and the decrease of f,
     with ``exact``) to beta and gamma; None where it cannot be recorded."""
     return traced(
@@ -407,102 +406,4 @@ def c_source(
             expr = _C_OPS[name].format(a=f"r{a}", b=f"r{b}", c=f"r{c}")
         lines.append(f"const double r{i} = {expr};")
     lines += [f"{n} = r{o};" for n, o in zip(names, outputs.tolist(), strict=True)]
-    return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------- Triton
-
-#: One Triton expression per operation, on ``[BLOCK]`` tensors of the tape's dtype
-#: (launched with ``enable_fp_fusion=False``: no multiply-add is contracted). float64
-#: ``/`` is IEEE division; float32's needs ``div_rn`` (Triton's own is approximate).
-_TRITON_OPS = {
-    "add": "{a} + {b}",
-    "sub": "{a} - {b}",
-    "mul": "{a} * {b}",
-    "div": "{a} / {b}",
-    "le": "tl.where({a} <= {b}, ONE, ZERO)",
-    "ge": "tl.where({a} >= {b}, ONE, ZERO)",
-    "lt": "tl.where({a} < {b}, ONE, ZERO)",
-    "gt": "tl.where({a} > {b}, ONE, ZERO)",
-    "eq": "tl.where({a} == {b}, ONE, ZERO)",
-    "ne": "tl.where({a} != {b}, ONE, ZERO)",
-    "where": "tl.where({a} != ZERO, {b}, {c})",
-    "isnan": "tl.where({a} != {a}, ONE, ZERO)",
-    "maximum": "tl.where(({a} != {a}) | ({a} >= {b}), {a}, {b})",
-    "minimum": "tl.where(({a} != {a}) | ({a} <= {b}), {a}, {b})",
-    "neg": "-{a}",
-}
-
-
-#: compiled rule kernels by (name, interpreted): one per tape and dtype, whichever rule,
-#: configuration or driver recorded it
-_TRITON_KERNELS: dict[tuple[str, bool], Any] = {}
-
-
-def triton_kernel(code: np.ndarray, outputs: np.ndarray, dtype: Any, interpret: bool) -> Any:
-    """:func:`triton_source` of a tape compiled by ``triton.jit``, once per tape, dtype
-    and ``interpret`` (whether Triton's interpreter is on, which ``triton.jit`` reads
-    when it is called); None for a tape it cannot write. The name is a hash of the tape
-    and the dtype; the source, made here from the recorded operations and never read
-    from elsewhere, goes into ``linecache`` so that ``triton.jit`` finds what it
-    compiles."""
-    import hashlib
-    import linecache
-
-    digest = hashlib.sha256(code.tobytes() + outputs.tobytes() + np.dtype(dtype).str.encode())
-    name = "amopt_rule_" + digest.hexdigest()[:16]
-    key = (name, interpret)
-    if key in _TRITON_KERNELS:
-        return _TRITON_KERNELS[key]
-    import triton
-    import triton.language
-
-    source = triton_source(code, outputs, dtype, name)
-    kernel = None
-    if source is not None:
-        filename = f"<amopt rule kernel {name}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        namespace: dict[str, Any] = {"tl": triton.language}
-        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
-        kernel = triton.jit(namespace[name])
-    _TRITON_KERNELS[key] = kernel
-    return kernel
-
-
-def triton_source(code: np.ndarray, outputs: np.ndarray, dtype: Any, name: str) -> str | None:
-    """A recorded tape as the source of a Triton kernel ``name``, one scope per lane.
-
-    ``name(s_ptr, out_ptr, n, K, OUT, BLOCK)``: scope ``i < n`` reads its sums
-    ``s_ptr[i K + k]``, evaluates the tape in ``dtype`` (float32 or float64: every
-    operation rounds once in it, as the array operations of the rule do) and writes
-    output ``j`` to ``out_ptr[j n + i]`` in ``OUT``. None for a tape with a non-finite
-    constant (the rules have none).
-    """
-    dt = {np.dtype(np.float64): "tl.float64", np.dtype(np.float32): "tl.float32"}.get(
-        np.dtype(dtype)
-    )
-    if dt is None:
-        return None
-    div = "{a} / {b}" if dt == "tl.float64" else "tl.math.div_rn({a}, {b})"
-    lines = [
-        f"def {name}(s_ptr, out_ptr, n, K: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):",
-        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
-        "    m = offs < n",
-        f"    ZERO = tl.full([BLOCK], 0.0, {dt})",
-        f"    ONE = tl.full([BLOCK], 1.0, {dt})",
-    ]
-    for i, (op, a, b, c, k) in enumerate(code.tolist()):
-        op_name = OPS[op]
-        if op_name == "in":
-            expr = f"tl.load(s_ptr + offs * K + {a}, mask=m, other=0.0).to({dt})"
-        elif op_name == "const":
-            if not math.isfinite(k):
-                return None
-            expr = f"tl.full([BLOCK], {k!r}, {dt})"
-        else:
-            form = div if op_name == "div" else _TRITON_OPS[op_name]
-            expr = form.format(a=f"r{a}", b=f"r{b}", c=f"r{c}")
-        lines.append(f"    r{i} = {expr}")
-    for j, o in enumerate(outputs.tolist()):
-        lines.append(f"    tl.store(out_ptr + {j} * n + offs, r{o}.to(OUT), mask=m)")
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["device_library", "DeviceCSR"]
+__all__ = ["device_indices", "device_library", "DeviceCSR"]
 
 
 def device_library(x: Any) -> str | None:
@@ -77,6 +77,48 @@ class _Structure:
         # stored, and a batch is two row gathers from it
         self.ell = self.shape[0] * self.kmax <= 2 * self.nnz
         self.ell_cols = up(host.indices[_padded_positions(host)[0]]) if self.ell else None
+
+
+def device_indices(indices: Any, x: Any) -> Any:
+    """``indices`` on x's device when both are torch tensors or both CuPy arrays, else None.
+
+    Only the shape and dtype are checked: reading the values to check their
+    range would cost a device synchronisation per batch. Out-of-range
+    torch indices raise ``IndexError`` from torch's indexing on the CPU
+    (a device-side assertion on CUDA); CuPy wraps them around.
+    """
+    lib = device_library(x)
+    if lib is None or device_library(indices) != lib:
+        return None
+    if lib == "torch":
+        import torch
+
+        integer = not (
+            indices.dtype.is_floating_point
+            or indices.dtype.is_complex
+            or indices.dtype == torch.bool
+        )
+    else:
+        integer = indices.dtype.kind in "iu"
+    if indices.ndim != 1 or not integer:
+        raise ValueError(
+            f"indices must be a 1-D integer array, got shape {tuple(indices.shape)} and "
+            f"dtype {indices.dtype}"
+        )
+    if indices.shape[0] == 0:
+        raise ValueError("indices must not be empty")
+    if lib == "torch":
+        import torch
+
+        if indices.device == x.device and indices.dtype == torch.int64:
+            return indices  # the sampler's: nothing to convert, no operation per batch
+        return indices.to(device=x.device, dtype=torch.int64)
+    if indices.device != x.device:
+        with x.device:
+            import cupy
+
+            return cupy.asarray(indices)
+    return indices
 
 
 def _padded_positions(host: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:

@@ -19,11 +19,11 @@ import array_api_compat
 import numpy as np
 from scipy.optimize import OptimizeResult, OptimizeWarning
 
-from amopt import _lazy
-from amopt._config import check_bool, check_int, check_nonnegative
-from amopt._finite_sum import FiniteSum
-from amopt._lazy._device import asynchronous, is_device, read, start_read, to_device
-from amopt.backends import array_namespace, is_array
+from amopt.backends import dask as _lazy
+from amopt.backends.device import asynchronous, is_device, read, start_read, to_device
+from amopt.core.config import check_bool, check_int, check_nonnegative
+from amopt.core.xp import array_namespace, is_array
+from amopt.optimize.finite_sum import FiniteSum
 
 __all__ = ["STATUS_MESSAGES"]
 

@@ -8,7 +8,7 @@ Each ``_minimize_<method>`` is made by :func:`_method` from the method's
 declaration: its step factory (below: it validates the options and returns the core
 step), its options with their defaults and its docstring. What methods share is
 written once: the defaults of the loop's and the sampler's options in the groups
-below, those of the AM rule as the fields of :class:`~amopt._config.AMConfig`, and
+below, those of the AM rule as the fields of :class:`~amopt.core.config.AMConfig`, and
 the descriptions that several docstrings repeat in ``_DOCS``.
 """
 
@@ -23,8 +23,7 @@ from typing import Any, NamedTuple
 
 from scipy.optimize import OptimizeResult
 
-from amopt import _core
-from amopt._config import (
+from amopt.core.config import (
     AMConfig,
     check_betas,
     check_interval,
@@ -32,7 +31,9 @@ from amopt._config import (
     check_positive,
     check_weight_decay_mode,
 )
-from amopt._loop import _check_unknown_options, _run, _sampling
+from amopt.optimize import split as _split
+from amopt.optimize import steps as _core
+from amopt.optimize.loop import _check_unknown_options, _run, _sampling
 
 __all__ = ["METHODS"]
 
@@ -44,7 +45,7 @@ class _Loop(NamedTuple):
 
     options: dict[str, Any]
     #: None: full batch; True: every step on a mini-batch of a FiniteSum ``fun``;
-    #: False: only with ``batch_size`` (see :func:`amopt._loop._sampling`)
+    #: False: only with ``batch_size`` (see :func:`amopt.optimize.loop._sampling`)
     always_sample: bool | None
 
 
@@ -120,7 +121,7 @@ def _display(res: OptimizeResult) -> None:
 
 
 class _Split(NamedTuple):
-    r"""An AM step cut at the rule, for device arrays (see :mod:`amopt._lazy._device`).
+    r"""An AM step cut at the rule, for device arrays (see :mod:`amopt.backends.device`).
 
     ``sums(xs, gs, state) -> (state, pending, sums)`` queues the reduce on the device
     (``state`` None: the initial state); ``apply(xs, gs, f, state, pending, values)
@@ -196,16 +197,16 @@ def _am_momentum(options: dict) -> tuple[Callable, dict]:
 
     def sums(xs, gs, state):
         state = _core.am_momentum_init(xs) if state is None else state
-        return (state, *_core.am_momentum_sums(xs, gs, state, config=config))
+        return (state, *_split.am_momentum_sums(xs, gs, state, config=config))
 
     def apply(xs, gs, f, state, pending, values):
-        return _core.am_momentum_apply(xs, gs, state, pending, values, lr=lr, f=f, config=config)
+        return _split.am_momentum_apply(xs, gs, state, pending, values, lr=lr, f=f, config=config)
 
     wd = _weight_decay(options)
     run = {"is_am": True, "weight_decay": wd, "decay_in_f": config.numerator == "exact"}
 
     def g_sq(values):
-        # the sums are <v,v>, <g,g>, <v,g> per scope (amopt._core.am_momentum_sums)
+        # the sums are <v,v>, <g,g>, <v,g> per scope (amopt.optimize.split.am_momentum_sums)
         return math.fsum(values[1::3])
 
     return step, run | {"split": _Split(sums, apply, g_sq, on_device=True), "growth": ("am", lr)}
@@ -253,11 +254,11 @@ def _am_adam(options: dict) -> tuple[Callable, dict]:
     apply_hyper = {k: hyper[k] for k in ("lr", "weight_decay", "weight_decay_mode", "config")}
 
     def sums(xs, gs, state):
-        state = _core.am_adam_host_init(xs) if state is None else state
-        return (state, *_core.am_adam_sums(xs, gs, state, **sums_hyper))
+        state = _split.am_adam_host_init(xs) if state is None else state
+        return (state, *_split.am_adam_sums(xs, gs, state, **sums_hyper))
 
     def apply(xs, gs, f, state, pending, values):
-        return _core.am_adam_apply(state, pending, values, f=f, **apply_hyper)
+        return _split.am_adam_apply(state, pending, values, f=f, **apply_hyper)
 
     run = {"is_am": True, "weight_decay": wd if l2 else 0.0}
     return step, run | {"split": _Split(sums, apply)}
@@ -285,8 +286,8 @@ def _method(
             opts = {k: given.get(k, default) for k, default in options.items()}
             counted, chosen = None, False
             if "lr" in opts and opts["lr"] is None and options["lr"] is None:
-                # 1/L, from fun.L or estimated at x0 (amopt._step_size)
-                from amopt._step_size import default_lr
+                # 1/L, from fun.L or estimated at x0 (amopt.optimize.step_size)
+                from amopt.optimize.step_size import default_lr
 
                 wd = _weight_decay(opts)
                 lr, nfev, njev, how = default_lr(fun, x0, args, jac, weight_decay=wd)

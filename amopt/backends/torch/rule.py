@@ -1,15 +1,16 @@
 """The AM-MGD rule on torch CUDA tensors as one Triton kernel, generated from the rule's tape.
 
-The counterpart of :mod:`amopt._cupy_rule` for torch: the pipelined loop of
-:func:`amopt.minimize` runs the rule on the device (``amopt._core.am_momentum_apply``),
+The counterpart of :mod:`amopt.backends.cupy.rule` for torch: the pipelined loop of
+:func:`amopt.minimize` runs the rule on the device (``amopt.optimize.split.am_momentum_apply``),
 which as tensor operations on 0-d tensors is about twenty-five kernel launches per
 iteration. Here the rule, from the split's three dots of each scope (and the decrease of
 f for the exact numerator) to beta and gamma, is recorded once as a tape
-(:mod:`amopt._tape`) and written out as a Triton kernel over the scopes
-(:func:`amopt._tape.triton_kernel`, compiled without contraction into multiply-adds):
+(:mod:`amopt.core.tape`) and written out as a Triton kernel over the scopes
+(:func:`amopt.backends.triton.triton_kernel`, compiled without contraction into multiply-adds):
 the same IEEE operations in the same order in float64, bit for bit the rule's values.
 
-It runs on CUDA tensors where Triton imports, and on CPU tensors only when the tests ask
+It runs on CUDA tensors where Triton is usable (:func:`amopt.backends.library_available`),
+and on CPU tensors only when the tests ask
 for it (:data:`FORCE`, under ``TRITON_INTERPRET=1``). A rule that cannot be recorded
 leaves the rule to the tensor operations, as does a kernel that Triton cannot build (with
 one warning per process).
@@ -17,11 +18,12 @@ one warning per process).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from amopt import _tape
-from amopt._fallback import kernel_failed
+from amopt import backends
+from amopt.backends import triton as _triton
+from amopt.backends.fallback import KernelCache
+from amopt.core import tape as _tape
 
 __all__ = ["applies", "momentum_rule"]
 
@@ -31,17 +33,10 @@ BLOCK = 128
 FORCE = False
 
 #: kernels by (rule, config, lr, exact, interpreted); None where none could be made
-_KERNELS: dict[tuple, Any] = {}
+_KERNELS = KernelCache("the AM rule's Triton kernel", "the rule runs as tensor operations")
 
-
-def _interpret() -> bool:
-    try:
-        from triton import knobs
-    except ImportError:  # pragma: no cover - Triton before knobs
-        import os
-
-        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-    return bool(knobs.runtime.interpret)
+#: whether Triton's interpreter is on (the optimizers' Triton drivers ask here too)
+_interpret = _triton.interpret
 
 
 def rule_options(interpret: bool) -> dict[str, Any]:
@@ -51,7 +46,7 @@ def rule_options(interpret: bool) -> dict[str, Any]:
 
 def run_rule(kernel: Any, sums: Any, n_out: int, out: Any, interpret: bool) -> Any:
     """``(n_out, n_scopes)`` outputs, of torch dtype ``out``, of a rule kernel
-    (:func:`amopt._tape.triton_kernel`) on the ``(n_scopes, K)`` sums of every scope:
+    (:func:`amopt.backends.triton.triton_kernel`) on the ``(n_scopes, K)`` sums of every scope:
     the launcher of this module's kernel and of the optimizers' Triton drivers."""
     import torch
     import triton.language as tl
@@ -70,23 +65,16 @@ def applies(t: Any) -> bool:
     return t.device.type == "cuda" or FORCE
 
 
-@functools.cache
-def _has_triton() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _build(rule: Any, config: Any, lr: float, exact: bool, interpret: bool) -> Any:
+    tape = _tape.momentum_of_dots(rule, config, lr, exact)
+    return None if tape is None else _triton.triton_kernel(*tape, "float64", interpret)
 
 
 def _kernel(rule: Any, config: Any, lr: float, exact: bool) -> Any:
-    if not _has_triton():  # the tensor operations, without a warning
+    if not backends.library_available("triton"):  # the tensor operations, without a warning
         return None
     key = (rule, config, float(lr), exact, _interpret())
-    if key not in _KERNELS:
-        tape = _tape.momentum_of_dots(rule, config, lr, exact)
-        _KERNELS[key] = None if tape is None else _tape.triton_kernel(*tape, "float64", key[-1])
-    return _KERNELS[key]
+    return _KERNELS.get(key, lambda: _build(*key))
 
 
 def momentum_rule(
@@ -94,9 +82,12 @@ def momentum_rule(
 ) -> tuple[Any, Any] | None:
     """``(beta, gamma)`` per scope (float64 tensors) from the split's 0-d dots ``sums``
     (three per scope) and the 0-d float64 ``f_decrease`` (None: linearised), in one
-    kernel; None where the rule is left to the tensor operations."""
+    kernel; None where the rule is left to the tensor operations (tensors off CUDA
+    among them, unless :data:`FORCE`)."""
     import torch
 
+    if not applies(sums[0]):
+        return None
     exact = f_decrease is not None
     try:
         kernel = _kernel(rule, config, lr, exact)
@@ -109,6 +100,5 @@ def momentum_rule(
         out = run_rule(kernel, s, 2, torch.float64, _interpret())
         return out[0], out[1]
     except Exception as exc:  # noqa: BLE001 - a kernel Triton cannot build or run here
-        _KERNELS[(rule, config, float(lr), exact, _interpret())] = None
-        kernel_failed("the AM rule's Triton kernel", exc, "the rule runs as tensor operations")
+        _KERNELS.failed((rule, config, float(lr), exact, _interpret()), exc)
         return None

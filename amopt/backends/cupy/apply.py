@@ -1,6 +1,6 @@
 """The AM momentum apply on CuPy arrays as one kernel: the new d and x in one pass.
 
-The apply of an AM momentum step (``amopt._core.am_momentum_apply``) is
+The apply of an AM momentum step (``amopt.optimize.split.am_momentum_apply``) is
 
 .. math::
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amopt._fallback import kernel_failed
+from amopt.backends.fallback import KernelCache
 
 __all__ = ["momentum_apply", "source"]
 
@@ -41,22 +41,23 @@ def source(dtype: str, with_v: bool) -> str:
 
 
 #: kernels by (dtype name, with_v); None where none could be made
-_KERNELS: dict[tuple[str, bool], Any] = {}
+_KERNELS = KernelCache("the AM apply's fused CuPy kernel", "the apply runs as array operations")
+
+
+def _build(dtype: str, with_v: bool) -> Any:
+    import cupy
+
+    third = "v" if with_v else "d"
+    return cupy.ElementwiseKernel(
+        f"{dtype} x, {dtype} g, {dtype} {third}, {dtype} c, {dtype} lr",
+        f"{dtype} dn, {dtype} xn",
+        source(dtype, with_v),
+        f"amopt_am_momentum_apply_{dtype}_{third}",
+    )
 
 
 def _kernel(dtype: str, with_v: bool) -> Any:
-    key = (dtype, with_v)
-    if key not in _KERNELS:
-        import cupy
-
-        third = "v" if with_v else "d"
-        _KERNELS[key] = cupy.ElementwiseKernel(
-            f"{dtype} x, {dtype} g, {dtype} {third}, {dtype} c, {dtype} lr",
-            f"{dtype} dn, {dtype} xn",
-            source(dtype, with_v),
-            f"amopt_am_momentum_apply_{dtype}_{third}",
-        )
-    return _KERNELS[key]
+    return _KERNELS.get((dtype, with_v), lambda: _build(dtype, with_v))
 
 
 def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -> Any:
@@ -69,13 +70,10 @@ def momentum_apply(x: Any, g: Any, w: Any, coef: Any, lr: float, with_v: bool) -
     if getattr(coef, "dtype", None) is not None and str(coef.dtype) != dtype:
         return None
     key = (dtype, with_v)
-    if _KERNELS.get(key, True) is None:
+    if _KERNELS.off(key):
         return None
     try:
         return _kernel(dtype, with_v)(x, g, w, coef, lr)
     except Exception as exc:  # noqa: BLE001 - a kernel CuPy cannot build or run
-        _KERNELS[key] = None
-        kernel_failed(
-            "the AM apply's fused CuPy kernel", exc, "the apply runs as array operations"
-        )
+        _KERNELS.failed(key, exc)
         return None

@@ -1,13 +1,13 @@
 """The AM-MGD rule on CuPy arrays as one kernel, generated from the rule's tape.
 
 The pipelined loop of :func:`amopt.minimize` runs the rule on the device
-(``amopt._core.am_momentum_apply``). As array operations on 0-d arrays that is about
+(``amopt.optimize.split.am_momentum_apply``). As array operations on 0-d arrays that is about
 twenty kernel launches per iteration, each some microseconds of Python and CUDA on the
 host. Here the rule, from the split's three dots of each scope (and the decrease of f
 for the exact numerator) to beta and gamma, is recorded once as a tape
-(:mod:`amopt._tape`, from the rule in :mod:`amopt._rule` when the step runs) and
+(:mod:`amopt.core.tape`, from the rule in :mod:`amopt.core.rule` when the step runs) and
 compiled into one ``cupy.ElementwiseKernel`` over the scopes: the same IEEE operations
-in the same order, bit for bit the host rule's values (:func:`amopt._tape.c_source`).
+in the same order, bit for bit the host rule's values (:func:`amopt.core.tape.c_source`).
 
 A rule that cannot be recorded, or a kernel that CuPy cannot build, leaves the rule to
 the array operations (the latter with one warning per process).
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amopt import _tape
-from amopt._fallback import kernel_failed
+from amopt.backends.fallback import KernelCache
+from amopt.core import tape as _tape
 
 __all__ = ["momentum_rule", "source"]
 
@@ -35,24 +35,24 @@ def source(rule: Any, config: Any, lr: float, exact: bool) -> str | None:
 
 
 #: kernels by (rule, config, lr, exact); None where none could be made
-_KERNELS: dict[tuple, Any] = {}
+_KERNELS = KernelCache("the AM rule's fused CuPy kernel", "the rule runs as array operations")
+
+
+def _build(rule: Any, config: Any, lr: float, exact: bool) -> Any:
+    body = source(rule, config, lr, exact)
+    if body is None:
+        return None
+    import cupy
+
+    params = "raw float64 s, raw float64 fd" if exact else "raw float64 s"
+    return cupy.ElementwiseKernel(
+        params, "float64 beta, float64 gamma", body, "amopt_am_momentum_rule"
+    )
 
 
 def _kernel(rule: Any, config: Any, lr: float, exact: bool) -> Any:
     key = (rule, config, float(lr), exact)
-    if key in _KERNELS:
-        return _KERNELS[key]
-    body = source(rule, config, lr, exact)
-    kernel = None
-    if body is not None:
-        import cupy
-
-        params = "raw float64 s, raw float64 fd" if exact else "raw float64 s"
-        kernel = cupy.ElementwiseKernel(
-            params, "float64 beta, float64 gamma", body, "amopt_am_momentum_rule"
-        )
-    _KERNELS[key] = kernel
-    return kernel
+    return _KERNELS.get(key, lambda: _build(rule, config, lr, exact))
 
 
 def momentum_rule(
@@ -74,6 +74,5 @@ def momentum_rule(
         args = (s, cupy.reshape(f_decrease, (1,))) if exact else (s,)
         return kernel(*args, size=len(sums) // 3)
     except Exception as exc:  # noqa: BLE001 - a kernel CuPy cannot build or run
-        _KERNELS[(rule, config, float(lr), exact)] = None
-        kernel_failed("the AM rule's fused CuPy kernel", exc, "the rule runs as array operations")
+        _KERNELS.failed((rule, config, float(lr), exact), exc)
         return None

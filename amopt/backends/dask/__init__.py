@@ -14,7 +14,7 @@ Here the loop keeps the cost of a step constant instead:
   ``dask.distributed`` cluster);
 * everything the loop needs to read for a step (the finiteness of the new
   iterate, the objective and the gradient norm there, and the momentum
-  coefficient of the shared beta rule of :mod:`amopt._core`) is evaluated by
+  coefficient of the shared beta rule of :mod:`amopt.optimize.steps`) is evaluated by
   the same single ``dask.persist`` call that persists the arrays.
 
 :func:`session` is the hook called by the loop; it returns ``None`` (and
@@ -24,8 +24,8 @@ imports nothing) unless the starting point holds dask arrays, recognised by
 
 Device arrays (CuPy, torch, any array library other than NumPy and dask) are
 deferred too: a value read on the host waits for the device's queue. Their loop
-(``amopt._loop._run_device``) reads a step's values in one transfer with
-:func:`amopt._lazy._device.read`. Nothing in this package imports the loop.
+(``amopt.optimize.loop._run_device``) reads a step's values in one transfer with
+:func:`amopt.backends.device.read`. Nothing in this package imports the loop.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def is_lazy(arrays: Any) -> bool:
 
 
 def session(layout: Any, objective: Any, step: Any, **options: Any) -> Any:
-    r"""The loop's hook: a :class:`~amopt._lazy._session.LazySession` for dask arrays.
+    r"""The loop's hook: a :class:`~amopt.backends.dask._session.LazySession` for dask arrays.
 
     Parameters
     ----------
@@ -51,7 +51,7 @@ def session(layout: Any, objective: Any, step: Any, **options: Any) -> Any:
         The loop's structure of ``x0``, objective wrapper and core step.
     **options
         ``full_batch``, ``weight_decay`` and ``decay_in_f``: see
-        :class:`~amopt._lazy._session.LazySession`.
+        :class:`~amopt.backends.dask._session.LazySession`.
 
     Returns
     -------
@@ -62,7 +62,7 @@ def session(layout: Any, objective: Any, step: Any, **options: Any) -> Any:
     """
     if not is_lazy(layout.arrays):
         return None
-    from amopt._lazy._session import LazySession
+    from amopt.backends.dask._session import LazySession
 
     return LazySession(layout, objective, step, **options)
 
@@ -80,10 +80,10 @@ def design(X: Any, targets: Any) -> Any:
     Returns
     -------
     DaskDesign or None
-        See :class:`amopt._lazy._design.DaskDesign`.
+        See :class:`amopt.backends.dask._design.DaskDesign`.
     """
     if not array_api_compat.is_dask_array(X):
         return None
-    from amopt._lazy._design import DaskDesign
+    from amopt.backends.dask._design import DaskDesign
 
     return DaskDesign(X, targets)

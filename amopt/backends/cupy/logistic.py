@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._fallback import kernel_failed
+from amopt.backends.fallback import KernelCache
 
 __all__ = ["loss_and_residual", "source"]
 
@@ -51,31 +51,32 @@ def source(dtype: str) -> str:
 
 
 #: kernels by dtype name; None where none could be made
-_KERNELS: dict[str, Any] = {}
+_KERNELS = KernelCache("the logistic loss's fused CuPy kernel", "it runs as array operations")
+
+
+def _build(dtype: str) -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        f"{dtype} t, {dtype} z",
+        f"{dtype} loss, {dtype} s",
+        source(dtype),
+        f"amopt_logistic_loss_residual_{dtype}",
+    )
 
 
 def _kernel(dtype: str) -> Any:
-    if dtype not in _KERNELS:
-        import cupy
-
-        _KERNELS[dtype] = cupy.ElementwiseKernel(
-            f"{dtype} t, {dtype} z",
-            f"{dtype} loss, {dtype} s",
-            source(dtype),
-            f"amopt_logistic_loss_residual_{dtype}",
-        )
-    return _KERNELS[dtype]
+    return _KERNELS.get(dtype, lambda: _build(dtype))
 
 
 def loss_and_residual(t: Any, z: Any) -> Any:
     """``(loss, s)`` of CuPy labels ``t`` and scores ``z`` of one float dtype (see the
     module docstring); None where they are left to the array operations."""
     dtype = str(z.dtype)
-    if dtype not in _TYPES or str(t.dtype) != dtype or _KERNELS.get(dtype, True) is None:
+    if dtype not in _TYPES or str(t.dtype) != dtype or _KERNELS.off(dtype):
         return None
     try:
         return _kernel(dtype)(t, z)
     except Exception as exc:  # noqa: BLE001 - a kernel CuPy cannot build or run
-        _KERNELS[dtype] = None
-        kernel_failed("the logistic loss's fused CuPy kernel", exc, "it runs as array operations")
+        _KERNELS.failed(dtype, exc)
         return None

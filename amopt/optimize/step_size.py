@@ -30,7 +30,7 @@ from typing import Any
 
 from scipy.optimize import OptimizeWarning
 
-from amopt._loop import _Layout, _Objective
+from amopt.optimize.loop import _Layout, _Objective
 
 __all__ = ["default_lr"]
 
