@@ -753,10 +753,7 @@ def _iterate(reader, layout, obj, cb, *, maxiter, gtol, is_am, batches, wd) -> O
             break
         if batches:
             reader.sample(cur)
-            if not cur.x_ok:  # read with the mini-batch: the last step is taken back
-                cur, nit, reason = cur.prev, nit - 1, "nonfinite"
-                if is_am:
-                    betas.pop()
+            if not cur.x_ok:  # read with the mini-batch: the step to it is taken back below
                 break
             # a mini-batch that is not finite ends the run at the (finite) iterate it
             # was drawn at
@@ -779,7 +776,9 @@ def _iterate(reader, layout, obj, cb, *, maxiter, gtol, is_am, batches, wd) -> O
             gs = None if batches else cur.gs
             if _call_back(cb, layout, cur.xs, cur.f, gs, nit, cur.beta, is_am):
                 reason = "callback"
-    if cur.unchecked and not reader.confirm(cur):
+    if cur.unchecked:  # the last iterate's finiteness, not read yet
+        cur.x_ok = reader.confirm(cur)
+    if not cur.x_ok and cur.prev is not None:  # found non-finite late: the step is taken back
         cur, nit, reason = cur.prev, nit - 1, "nonfinite"
         if is_am:
             betas.pop()
@@ -1230,13 +1229,12 @@ class _DeviceReader:
             new.x_ok = math.isfinite(
                 self._point(new, None if sure else new_xs, state, at=new_xs)["x"]
             )
-        elif sure:
-            new.f = pt.f
-        elif self.each:
-            new.f = pt.f
-            new.x_ok = self.confirm(new)
         else:
-            new.f, new.unchecked, new.prev = pt.f, True, pt
+            new.f = pt.f  # the callback's: the mini-batch value the step used
+            if not sure and self.each:  # read before the callback sees the iterate
+                new.x_ok = self.confirm(new)
+            elif not sure:  # read with the next mini-batch, or at the end of the run
+                new.unchecked, new.prev = True, pt
         return new
 
     def confirm(self, pt: _Point) -> bool:
