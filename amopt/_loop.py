@@ -2,8 +2,11 @@
 
 The objective wrapper (``fun``/``jac``/``args`` or a :class:`~amopt.FiniteSum`),
 the map between the user's ``x0`` and the core's tuple of arrays, the mini-batch
-sampler, the callback protocol and the status table. Every step itself is a
-call into :mod:`amopt._core`, made by the methods in :mod:`amopt._methods`.
+sampler, the callback protocol, the status table, and the one iteration loop
+(:func:`_iterate`) with its readers: how the values it tests are read back, at once
+on the host, in one transfer per iteration on a device, or one step behind the
+device when pipelined. Every step itself is a call into :mod:`amopt._core`, made
+by the methods in :mod:`amopt._methods`.
 """
 
 from __future__ import annotations
@@ -714,7 +717,7 @@ class _Point:
     unchecked = per_layer = False
     f = gnorm = g_hi = math.nan
     gs = g_c = f_c = f_dev = pending = read = prev = beta = None
-    sums: list = []
+    sums: tuple | list = ()
 
     def __init__(self, xs: tuple, state: Any = None, beta: Any = None):
         self.xs, self.state, self.beta = xs, state, beta
