@@ -405,6 +405,46 @@ def test_non_finite_runs_stop_where_numpy_stops(method, options, with_callback):
     assert len(got.get("betas", [])) == len(want.get("betas", []))
 
 
+class _Overflow(_Blowup):
+    """f and the gradient finite wherever x is: only a step can overflow."""
+
+    def batch_value_and_grad(self, x, idx):
+        return 1e-300 * self.xp.sum(self.xp.abs(x)), 1e-300 * x
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+@pytest.mark.parametrize("with_callback", [False, True])
+@pytest.mark.parametrize("method", ["sgd", "am-sgd"])
+def test_a_last_step_that_overflows_is_taken_back(monkeypatch, method, pipelined, with_callback):
+    # the step to iterate maxiter overflows: no mini-batch is drawn there, so the
+    # waiting device loop reads that iterate only after the loop and takes it back
+    def run(xp, x0, maxiter):
+        seen = _Seen()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = amopt.minimize(
+                _Overflow(xp),
+                x0,
+                method=method,
+                callback=seen if with_callback else None,
+                # x grows 1000-fold per step (sgd)
+                options={"maxiter": maxiter, "gtol": 0.0, "lr": 1.001e303},
+            )
+        return res, seen
+
+    first = run(np, np.ones(3), 500)[0]
+    assert first.nit < 500 and np.isfinite(first.fun)  # ended on an overflowing step
+    assert first.status == 2 and first.nit > 0  # the step after first.nit overflows
+    want, seen_np = run(np, np.ones(3), first.nit + 1)
+    monkeypatch.setattr(_loop, "_PIPELINE", pipelined)
+    got, seen_t = run(torch, torch.ones(3, dtype=torch.float64), first.nit + 1)
+    assert (got.status, got.nit, got.message) == (want.status, want.nit, want.message)
+    assert want.nit == first.nit and seen_t == seen_np
+    np.testing.assert_array_equal(np.asarray(got.x.tolist()), want.x)
+    assert np.isfinite(want.x).all() and float(got.fun) == want.fun
+    assert len(got.get("betas", [])) == len(want.get("betas", [])) == want.nit * (method != "sgd")
+
+
 # --------------------------------------------------------------------------- import layers
 
 

@@ -2,7 +2,7 @@
 
 On an asynchronous device (torch CUDA tensors, CuPy arrays) ``minimize`` runs its
 loop, full-batch or mini-batch, one step ahead of its reads
-(``amopt._loop._run_pipelined``). torch
+(``amopt._loop._PipelinedReader``). torch
 tensors on the CPU take it when ``amopt._loop._PIPELINE`` forces it; a read there is
 made when the loop waits for it, so the order of evaluations and waits is the
 pipeline's. The reference is the waiting loop (``_PIPELINE = False``) on the same

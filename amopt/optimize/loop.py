@@ -2,8 +2,11 @@
 
 The objective wrapper (``fun``/``jac``/``args`` or a :class:`~amopt.FiniteSum`),
 the map between the user's ``x0`` and the core's tuple of arrays, the mini-batch
-sampler, the callback protocol and the status table. Every step itself is a
-call into :mod:`amopt._core`, made by the methods in :mod:`amopt._methods`.
+sampler, the callback protocol, the status table, and the one iteration loop
+(:func:`_iterate`) with its readers: how the values it tests are read back, at once
+on the host, in one transfer per iteration on a device, or one step behind the
+device when pipelined. Every step itself is a call into :mod:`amopt._core`, made
+by the methods in :mod:`amopt._methods`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import array_api_compat
 import numpy as np
@@ -617,7 +620,7 @@ def _run(
     callback report :math:`f` and :math:`g`, the values of ``fun`` and ``jac``.
     ``default_batch``: sample ``min(DEFAULT_BATCH_SIZE, fun.n_samples)`` per batch
     when ``fun`` is a FiniteSum and ``batch_size`` is None. ``split``: the AM step
-    cut at its rule, for device arrays (:func:`_run_device`); ``growth``: ``(kind,
+    cut at its rule, for device arrays (:class:`_DeviceReader`); ``growth``: ``(kind,
     lr)`` of :class:`_Bound` for the methods whose steps it bounds.
     """
     maxiter = check_int("maxiter", maxiter, 0)
@@ -664,6 +667,7 @@ def _run(
     )
     if lazy is not None:  # dask arrays: one graph submission per step, see amopt._lazy
         layout, obj, step = lazy.layout, lazy.objective, lazy.step
+        reader = _HostReader(layout, obj, step, sampler, gtol, wd, decay_in_f)
     elif is_device(layout.arrays):  # one host transfer per step, see amopt._lazy._device
         obj.defer = True
         # a returned gradient is used before the next evaluation and never modified:
@@ -671,107 +675,183 @@ def _run(
         layout.copy_grads = False
         if sampler is not None:
             sampler = _DeviceSampler(sampler, layout.xp, layout.arrays[0], maxiter)
-        return _run_device(
-            layout,
-            obj,
-            step,
-            split,
-            cb,
-            sampler,
-            maxiter=maxiter,
-            gtol=gtol,
-            is_am=is_am,
-            stochastic=stochastic,
-            wd=weight_decay,
-            decay_in_f=decay_in_f,
-            growth=growth,
-        )
+        reader = _device_reader(
+            layout, obj, step, split, sampler, cb,
+            maxiter=maxiter, gtol=gtol, wd=wd, decay_in_f=decay_in_f, growth=growth,
+        )  # fmt: skip
+    else:
+        reader = _HostReader(layout, obj, step, sampler, gtol, wd, decay_in_f)
+    return _iterate(
+        reader, layout, obj, cb,
+        maxiter=maxiter, gtol=gtol, is_am=is_am, batches=sampler is not None, wd=wd,
+    )  # fmt: skip
 
-    def coupled(arrays: tuple, f: float, gs: tuple) -> tuple[float, tuple]:
-        # (f, g) of the method: those of F = f + wd/2 |x|^2 under coupled decay
-        if wd == 0:
-            return f, gs
-        f_step = f + 0.5 * wd * layout.sq_norm(arrays) if decay_in_f else f
-        return f_step, tuple(g + wd * x for g, x in zip(gs, arrays, strict=True))
 
-    def gnorm_of(arrays: tuple) -> float:
-        # max|g| for the gtol test; without one, only whether g is finite matters
-        if gtol > 0:
-            return layout.max_abs(arrays)
-        return 0.0 if layout.all_finite(arrays) else math.nan
+def _regularised(f: Any, sq: Any, wd: float) -> Any:
+    """:math:`F = f + \\frac{\\mu}{2}\\|x\\|^2` from ``sq`` :math:`= \\|x\\|^2` (host
+    floats, or 0-d device arrays for the pipelined loop), the method's f under coupled
+    decay with ``decay_in_f``."""
+    return f + 0.5 * wd * sq
 
-    xs = layout.arrays
-    state = None
+
+def _coupled(gs: tuple, xs: tuple, wd: float) -> tuple:
+    """:math:`g + \\mu x`, the gradient of :math:`F` under coupled decay."""
+    return gs if wd == 0 else tuple(g + wd * x for g, x in zip(gs, xs, strict=True))
+
+
+class _Point:
+    """An iterate and what the loop knows of it.
+
+    ``x_ok``: the iterate is finite (True while a :class:`_DeviceReader` has not read
+    it yet, ``unchecked``, with ``prev`` the point it was stepped from); ``f``, ``gs``:
+    the objective and gradient there (full batch), or the mini-batch's once
+    :meth:`sample` drew one there (before: the mini-batch value the step to it used,
+    the callback's ``fun``); ``f_c``, ``g_c``: the method's (coupled decay);
+    ``gnorm``: the ``gtol`` test's value of ``g_c`` (NaN when not finite); ``finite``:
+    f and ``gnorm`` finite; ``state`` and ``beta``: the method's after the step that
+    made it. The device readers keep their reads here too (``sums``, ``pending``,
+    ``g_hi``, and the pipelined loop's ``f_dev`` and ``read``).
+    """
+
+    x_ok = finite = True
+    unchecked = per_layer = False
+    f = gnorm = g_hi = math.nan
+    gs = g_c = f_c = f_dev = pending = read = prev = beta = None
+    sums: tuple | list = ()
+
+    def __init__(self, xs: tuple, state: Any = None, beta: Any = None):
+        self.xs, self.state, self.beta = xs, state, beta
+
+
+def _iterate(reader, layout, obj, cb, *, maxiter, gtol, is_am, batches, wd) -> OptimizeResult:
+    """The iteration loop of every method, on every array library.
+
+    The tests, in this order: ``x0`` finite, then (full batch) the objective and the
+    gradient at ``x0`` finite; at each iteration ``gtol`` (full batch), ``maxiter``,
+    then (mini-batch) the mini-batch drawn at the iterate finite and ``gtol`` on it;
+    the step; the new iterate finite, and (full batch) the objective and gradient
+    there finite; then the callback. A run that ends on a non-finite value returns the
+    last finite iterate. The ``reader`` (:class:`_HostReader`, :class:`_DeviceReader`,
+    :class:`_PipelinedReader`) makes the evaluations and the steps and says when each
+    value the tests need is known: at once on the host, in one transfer per iteration
+    on a device, one step behind the device when pipelined. A device reader may learn
+    that an iterate was not finite one iteration late (``unchecked``): the loop then
+    takes that iterate back.
+    """
+    cur = reader.first()
+    reason = None if cur.x_ok else "nonfinite_x0"
+    if reason is None and not batches and not cur.finite:
+        reason = "nonfinite"
+    # f(x0), for the test of a run that ended above it (of f itself: under coupled
+    # decay the method minimises F, which f need not follow)
+    f0 = None if batches or wd != 0 else cur.f
     betas: list[Any] = []
     nit = 0
-    reason = None if layout.all_finite(xs) else "nonfinite_x0"
-
-    f0 = None
-    if sampler is None:
-        f, gs = obj(xs)
-        # f(x0), for the test of a run that ended above it (of f itself: under coupled
-        # decay the method minimises F, which f need not follow)
-        f0 = f if wd == 0 else None
-        f_c, g_c = coupled(xs, f, gs)
-        gnorm = gnorm_of(g_c)
-        if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
-            reason = "nonfinite"
-    else:
-        f, gs, gnorm = math.nan, None, math.nan
-
     while reason is None:
-        if sampler is None and gtol > 0 and gnorm <= gtol:
+        if not batches and gtol > 0 and cur.gnorm <= gtol:
             reason = "gtol"
             break
         if nit >= maxiter:
             reason = "maxiter"
             break
-        if sampler is not None:
-            f_b, g_b = obj.batch(xs, sampler())
-            f_step, g_step = coupled(xs, f_b, g_b)
-            gnorm_b = gnorm_of(g_step)
-            if not (math.isfinite(f_b) and math.isfinite(gnorm_b)):
+        if batches:
+            reader.sample(cur)
+            if not cur.x_ok:  # read with the mini-batch: the step to it is taken back below
+                break
+            # a mini-batch that is not finite ends the run at the (finite) iterate it
+            # was drawn at
+            if not cur.finite:
                 reason = "nonfinite"
                 break
-            if gtol > 0 and gnorm_b <= gtol:
+            if gtol > 0 and cur.gnorm <= gtol:
                 reason = "gtol"
                 break
-        else:
-            f_step, g_step = f_c, g_c
-        new_xs, state, beta = step(xs, g_step, f_step, state)
-        if not layout.all_finite(new_xs):
+        nxt = reader.advance(cur, maxiter - nit)
+        # full batch: an iterate whose objective is not finite is not taken
+        if not nxt.x_ok or not (batches or nxt.finite):
             reason = "nonfinite"
             break
-        if sampler is None:
-            f_new, g_new = obj(new_xs)
-            f_c, g_c = coupled(new_xs, f_new, g_new)
-            gnorm_new = gnorm_of(g_c)
-            if not (math.isfinite(f_new) and math.isfinite(gnorm_new)):
-                reason = "nonfinite"
-                break
-            f, gs, gnorm = f_new, g_new, gnorm_new
-        else:
-            f = f_b
-        xs = new_xs
+        cur = nxt
         nit += 1
         if is_am:
-            betas.append(beta)
+            betas.append(cur.beta)
         if cb is not None:
-            # copies: what the callback does to them cannot change the run
-            inter = OptimizeResult(x=layout.pack(layout.copy(xs)), fun=f, nit=nit)
-            if sampler is None:
-                inter["jac"] = layout.pack(layout.copy(gs))
-            if is_am:
-                inter["beta"] = _beta_to_numpy(beta)
-            try:
-                cb(inter)
-            except StopIteration:
+            gs = None if batches else cur.gs
+            if _call_back(cb, layout, cur.xs, cur.f, gs, nit, cur.beta, is_am):
                 reason = "callback"
-
-    if sampler is not None:
+    if cur.unchecked:  # the last iterate's finiteness, not read yet
+        cur.x_ok = reader.confirm(cur)
+    if not cur.x_ok and cur.prev is not None:  # found non-finite late: the step is taken back
+        cur, nit, reason = cur.prev, nit - 1, "nonfinite"
+        if is_am:
+            betas.pop()
+    if batches:
         # The result reports the full objective at the returned iterate.
-        f, gs = obj(xs) if obj.finite_sum else (f, gs)
-    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None, f0)
+        f, gs = obj(cur.xs)
+        f = reader.value(f)
+    else:
+        f, gs = cur.f, cur.gs
+    gs = reader.result_grads(gs)
+    return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None, f0)
+
+
+class _HostReader:
+    """The loop's values read as soon as they are formed (NumPy, and dask through the
+    stand-ins of :mod:`amopt._lazy`, which submit a step's reductions together).
+
+    ``weight_decay`` is coupled decay :math:`\\mu` applied here: the step and the
+    ``gtol`` test get :math:`g + \\mu x`, and the step's f is :math:`F` with
+    ``decay_in_f``.
+    """
+
+    def __init__(self, layout, obj, step, sampler, gtol, wd, decay_in_f):
+        self.layout, self.obj, self.step, self.sampler = layout, obj, step, sampler
+        self.gtol, self.wd, self.sq = gtol, wd, wd != 0 and decay_in_f
+
+    def _evaluated(self, pt: _Point, f: float, gs: tuple) -> None:
+        layout, wd = self.layout, self.wd
+        pt.f, pt.gs = f, gs
+        if wd == 0:
+            pt.f_c, pt.g_c = f, gs
+        else:
+            pt.f_c = _regularised(f, layout.sq_norm(pt.xs), wd) if self.sq else f
+            pt.g_c = _coupled(gs, pt.xs, wd)
+        # max|g| for the gtol test; without one, only whether g is finite matters
+        if self.gtol > 0:
+            pt.gnorm = layout.max_abs(pt.g_c)
+        else:
+            pt.gnorm = 0.0 if layout.all_finite(pt.g_c) else math.nan
+        pt.finite = math.isfinite(f) and math.isfinite(pt.gnorm)
+
+    def first(self) -> _Point:
+        pt = _Point(self.layout.arrays)
+        pt.x_ok = self.layout.all_finite(pt.xs)
+        if self.sampler is None:
+            self._evaluated(pt, *self.obj(pt.xs))
+        return pt
+
+    def sample(self, pt: _Point) -> None:
+        """The mini-batch at ``pt``, drawn and evaluated."""
+        self._evaluated(pt, *self.obj.batch(pt.xs, self.sampler()))
+
+    def advance(self, pt: _Point, left: int) -> _Point:
+        """The step from ``pt`` and, full batch, the evaluation at the new iterate when
+        it is finite (``left``: the steps ``maxiter`` leaves, this one included)."""
+        new = _Point(*self.step(pt.xs, pt.g_c, pt.f_c, pt.state))
+        new.x_ok = self.layout.all_finite(new.xs)
+        if self.sampler is not None:
+            new.f = pt.f
+        elif new.x_ok:
+            self._evaluated(new, *self.obj(new.xs))
+        return new
+
+    @staticmethod
+    def value(f: Any) -> Any:
+        return f
+
+    @staticmethod
+    def result_grads(gs: tuple) -> tuple:
+        return gs  # copies already (_Layout.copy_grads)
 
 
 def _result(layout, obj, xs, f, gs, nit, reason, betas, f0=None) -> OptimizeResult:
@@ -940,10 +1020,6 @@ class _Reads:
         g = self._exact_max_abs(g_c)
         return g, g
 
-    def coupled(self, arrays: tuple, gs: tuple) -> tuple:
-        wd = self.wd
-        return gs if wd == 0 else tuple(g + wd * x for g, x in zip(gs, arrays, strict=True))
-
     def _sums(self, arrays: tuple) -> list:
         # empty arrays by their shape: torch's ``size`` is a method; half precision summed
         # in float32, where a sum of finite values rarely overflows
@@ -1064,29 +1140,119 @@ class _Reads:
         }
 
 
-#: Whether runs on device arrays are pipelined (:func:`_run_pipelined`): None chooses
+#: Whether runs on device arrays are pipelined (:class:`_PipelinedReader`): None chooses
 #: by the arrays (an asynchronous device, no callback).
 _PIPELINE: bool | None = None
 
 
-class _Point(NamedTuple):
-    """An iterate of the pipelined loop, its evaluation, and its values on their way."""
+class _DeviceReader:
+    """The loop's values of one iteration read in one host transfer (device arrays).
 
-    xs: tuple
-    f: Any
-    gs: tuple
-    g_c: tuple
-    state: Any
-    pending: Any
-    sums: list
-    read: tuple
-    per_layer: bool = False
+    Every value the loop tests is read with :func:`amopt._lazy._device.read` in one
+    transfer per iteration (:class:`_Reads`), and an AM step is cut at its rule
+    (``split``, see :class:`amopt._methods._Split`) so that the rule's sums travel in
+    the same transfer and the rule runs on the host. The tests and their order are
+    those of the host loop; what changes is when a value is known:
+
+    * full batch: the objective at :math:`x_{t+1}` is evaluated before the finiteness
+      of :math:`x_{t+1}` is known (both are read together), so ``fun`` may see a
+      non-finite iterate that then ends the run (the result is the last finite one);
+    * mini-batch: the finiteness of :math:`x_{t+1}` is read with the next batch's
+      values (so that batch is evaluated at it) or at the end of the run; a
+      non-finite one is then taken back (``nit``, betas). With a ``callback``
+      (``each``) it is read before the callback sees the iterate, one more transfer
+      per iteration.
+
+    With a ``bound`` (:class:`_Bound`) the finiteness of an iterate is read only when
+    the bound no longer proves it.
+    """
+
+    def __init__(self, layout, obj, step, split, sampler, reads, bound, gtol, wd, each):
+        self.layout, self.obj, self.step, self.split = layout, obj, step, split
+        self.sampler, self.reads, self.bound = sampler, reads, bound
+        self.gtol, self.wd, self.each = gtol, wd, each
+
+    def _sums(self, pt: _Point, g_c: tuple, state: Any) -> list:
+        """Queue the AM rule's sums at ``pt`` (none without a ``split``)."""
+        pt.state = state
+        if self.split is None:
+            return []
+        pt.state, pt.pending, sums = self.split.sums(pt.xs, g_c, state)
+        return sums if isinstance(sums, list) else [sums]
+
+    def _evaluated(self, pt: _Point, got: dict, gs: tuple | None, g_c: tuple) -> None:
+        pt.f, pt.gs, pt.g_c = got["f"], gs, g_c
+        pt.gnorm = _gnorm(self.gtol, got["g"])
+        pt.finite = math.isfinite(pt.f) and math.isfinite(pt.gnorm)
+        pt.sums, pt.g_hi = got["sums"], got["g_hi"]
+        pt.f_c = _regularised(pt.f, got["sq"], self.wd) if self.reads.sq else pt.f
+
+    def _point(self, pt: _Point, check: tuple | None, state: Any, **kw: Any) -> dict:
+        """Evaluate the full objective at ``pt`` and read it (with ``check``'s finiteness)."""
+        f, gs = self.obj(pt.xs)
+        g_c = _coupled(gs, pt.xs, self.wd)
+        got = self.reads.point(check, f, g_c, self._sums(pt, g_c, state), **kw)
+        self._evaluated(pt, got, gs, g_c)
+        return got
+
+    def first(self) -> _Point:
+        pt = _Point(self.layout.arrays)
+        x_max = self.bound is not None
+        if self.sampler is None:
+            x = self._point(pt, pt.xs, None, x_max=x_max)["x"]
+        else:
+            x = self.reads.point(pt.xs, None, (), [], x_only=True, x_max=x_max)["x"]
+        if self.bound is not None:
+            self.bound.x = x
+        pt.x_ok = math.isfinite(x)
+        return pt
+
+    def sample(self, pt: _Point) -> None:
+        """The mini-batch at ``pt`` and, when unchecked, whether ``pt`` is finite."""
+        f, gs = self.obj.batch(pt.xs, self.sampler())
+        g_c = _coupled(gs, pt.xs, self.wd)
+        check = pt.xs if pt.unchecked else None
+        got = self.reads.point(check, f, g_c, self._sums(pt, g_c, pt.state), at=pt.xs)
+        if pt.unchecked:
+            pt.x_ok, pt.unchecked = math.isfinite(got["x"]), False
+            if pt.x_ok:
+                pt.prev = None  # kept for the loop to go back to when not
+        self._evaluated(pt, got, None, g_c)
+
+    def advance(self, pt: _Point, left: int) -> _Point:
+        if self.split is None:
+            new_xs, state, beta = self.step(pt.xs, pt.g_c, pt.f_c, pt.state)
+        else:
+            new_xs, state, beta = self.split.apply(
+                pt.xs, pt.g_c, pt.f_c, pt.state, pt.pending, pt.sums
+            )
+        sure = self.bound is not None and self.bound.step(pt.g_hi)
+        new = _Point(new_xs, state, beta)
+        if self.sampler is None:
+            new.x_ok = math.isfinite(
+                self._point(new, None if sure else new_xs, state, at=new_xs)["x"]
+            )
+        else:
+            new.f = pt.f  # the callback's: the mini-batch value the step used
+            if not sure and self.each:  # read before the callback sees the iterate
+                new.x_ok = self.confirm(new)
+            elif not sure:  # read with the next mini-batch, or at the end of the run
+                new.unchecked, new.prev = True, pt
+        return new
+
+    def confirm(self, pt: _Point) -> bool:
+        """Whether ``pt`` is finite, read in a transfer of its own."""
+        return math.isfinite(self.reads.point(pt.xs, None, (), [], True)["x"])
+
+    def value(self, f: Any) -> float:
+        return read(self.layout.xp, [f])[0]
+
+    def result_grads(self, gs: tuple) -> tuple:
+        return self.layout.copy(gs)  # the caller's gradient, not aliased by the result
 
 
-def _run_pipelined(
-    layout, obj, step, split, reads, bound, sampler, *, maxiter, gtol, is_am, wd, stochastic
-) -> OptimizeResult:
-    r"""The loop of :func:`_run_device` with the device one iteration ahead.
+class _PipelinedReader(_DeviceReader):
+    r"""The reads of :class:`_DeviceReader` with the device one iteration ahead.
 
     The values of iterate :math:`x_{t+1}` (its finiteness, the objective and gradient
     test of its evaluation, full or on its mini-batch, and, for AM, the beta of the step
@@ -1095,156 +1261,109 @@ def _run_pipelined(
     host's work for one iteration overlaps the device's work for the previous one
     instead of adding to it. The AM rule therefore runs on the device
     (``split.on_device``, or the whole core step), on the same float64 values as the
-    host rule of :func:`_run_device`.
+    host rule of :class:`_DeviceReader`.
 
-    The tests, their order and the result are those of :func:`_run_device`: ``nit``,
-    the status, the returned iterate and the mini-batches drawn are the same. A run that
-    stops on ``gtol`` or on a non-finite value has evaluated ``fun`` once more (and
-    drawn one more mini-batch), at the step queued past the stopping point (counted in
-    ``nfev``); a ``maxiter`` run has not. Mini-batch runs need ``maxiter >= 1``.
+    The tests, their order and the result are those of :class:`_DeviceReader`:
+    ``nit``, the status, the returned iterate and the mini-batches drawn are the same.
+    A run that stops on ``gtol`` or on a non-finite value has evaluated ``fun`` once
+    more (and drawn one more mini-batch), at the step queued past the stopping point
+    (counted in ``nfev``); a ``maxiter`` run has not. Mini-batch runs need
+    ``maxiter >= 1``.
     """
-    xp = layout.xp
-    batches = sampler is not None
 
-    def method_f(f: Any, at: tuple) -> Any:
+    ahead: _Point | None = None
+
+    def _evaluate(self, pt: _Point) -> None:
+        """Queue the evaluation at ``pt`` (full, or a mini-batch drawn there)."""
+        if self.sampler is None:
+            pt.f_dev, pt.gs = self.obj(pt.xs)
+        else:
+            pt.f_dev, pt.gs = self.obj.batch(pt.xs, self.sampler())
+        pt.g_c = _coupled(pt.gs, pt.xs, self.wd)
+        pt.sums = self._sums(pt, pt.g_c, pt.state)
+
+    def _method_f(self, f: Any, at: tuple) -> Any:
         # the device F = f + wd/2 |x|^2 of the step, on the float64 values the host adds
-        if not reads.sq:
+        if not self.reads.sq:
             return f
+        xp = self.layout.xp
         total = xp.astype(f, xp.float64) if f.dtype != xp.float64 else f
         sq = None
-        for part in reads._sq(at):
+        for part in self.reads._sq(at):
             part = part if part.dtype == xp.float64 else xp.astype(part, xp.float64)
             sq = part if sq is None else sq + part
-        return total if sq is None else total + (0.5 * wd) * sq
+        return total if sq is None else _regularised(total, sq, self.wd)
 
-    def evaluate(xs: tuple, state: Any) -> tuple:
-        f, gs = obj(xs) if sampler is None else obj.batch(xs, sampler())
-        g_c = reads.coupled(xs, gs)
-        pending, sums = None, []
-        if split is not None:
-            state, pending, sums = split.sums(xs, g_c, state)
-            sums = sums if isinstance(sums, list) else [sums]
-        return f, gs, g_c, state, pending, sums
-
-    def launch(pt: _Point, last: bool) -> _Point:
-        f_c = method_f(pt.f, pt.xs)
-        if split is not None:
-            new_xs, state, beta = split.apply(pt.xs, pt.g_c, f_c, pt.state, pt.pending, pt.sums)
+    def _launch(self, pt: _Point, last: bool) -> _Point:
+        """Queue the step from ``pt``, the evaluation at the new iterate and their reads."""
+        f_c = self._method_f(pt.f_dev, pt.xs)
+        if self.split is not None:
+            new_xs, state, beta = self.split.apply(
+                pt.xs, pt.g_c, f_c, pt.state, pt.pending, pt.sums
+            )
         else:
-            new_xs, state, beta = step(pt.xs, pt.g_c, f_c, pt.state)
-        per_layer = isinstance(beta, tuple)
-        betas = list(beta) if per_layer else [] if beta is None else [beta]
+            new_xs, state, beta = self.step(pt.xs, pt.g_c, f_c, pt.state)
+        new = _Point(new_xs, state)
+        new.per_layer = isinstance(beta, tuple)
+        betas = list(beta) if new.per_layer else [] if beta is None else [beta]
         # with a bound, the finiteness of x is proven on the host when the bound allows
-        check = new_xs if bound is None else None
-        if last and batches:  # no mini-batch is drawn at the last iterate: x is all to read
-            read = reads.start(check, None, (), [], x_only=True, extra=betas)
-            return _Point(new_xs, None, (), (), state, None, [], read, per_layer)
-        f, gs, g_c, state, pending, sums = evaluate(new_xs, state)
-        read = reads.start(check, f, g_c, sums, at=new_xs, sq=False, extra=betas)
-        return _Point(new_xs, f, gs, g_c, state, pending, sums, read, per_layer)
+        check = new_xs if self.bound is None else None
+        if last and self.sampler is not None:
+            # no mini-batch is drawn at the last iterate: x is all to read
+            new.read = self.reads.start(check, None, (), [], x_only=True, extra=betas)
+            return new
+        self._evaluate(new)
+        new.read = self.reads.start(
+            check, new.f_dev, new.g_c, new.sums, at=new_xs, sq=False, extra=betas
+        )
+        return new
 
-    xs = layout.arrays
-    f, gs, g_c, state, pending, sums = evaluate(xs, None)
-    got = reads.finish(reads.start(xs, f, g_c, sums, x_max=bound is not None, sq=False))
-    cur = _Point(xs, f, gs, g_c, state, pending, sums, ())
-    if bound is not None:
-        bound.x = got["x"]
-    f, gnorm, g_max = got["f"], _gnorm(gtol, got["g"]), got["g_hi"]
-    f0 = None if batches or wd != 0 else f
-    reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
-    if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
-        reason = "nonfinite"
-    betas: list[Any] = []
-    nit = 0
-    nxt = None
-    while reason is None:
-        if gtol > 0 and gnorm <= gtol:
-            reason = "gtol"
-            break
-        if nit >= maxiter:
-            reason = "maxiter"
-            break
-        if nxt is None:
-            nxt = launch(cur, nit + 1 >= maxiter)
-        # queued before waiting for nxt's values: the device works while the host waits
-        after = launch(nxt, nit + 2 >= maxiter) if nit + 1 < maxiter else None
-        got = reads.finish(nxt.read)
-        if bound is not None and not bound.step(g_max):
-            x_ok = reads.point(nxt.xs, None, (), [], x_only=True)["x"]
+    def first(self) -> _Point:
+        pt = _Point(self.layout.arrays)
+        self._evaluate(pt)
+        x_max = self.bound is not None
+        got = self.reads.finish(
+            self.reads.start(pt.xs, pt.f_dev, pt.g_c, pt.sums, x_max=x_max, sq=False)
+        )
+        if self.bound is not None:
+            self.bound.x = got["x"]
+        pt.x_ok = math.isfinite(got["x"])
+        self._read(pt, got)
+        return pt
+
+    def _read(self, pt: _Point, got: dict) -> None:
+        pt.f, pt.gnorm, pt.g_hi = got["f"], _gnorm(self.gtol, got["g"]), got["g_hi"]
+        pt.finite = math.isfinite(pt.f) and math.isfinite(pt.gnorm)
+
+    def sample(self, pt: _Point) -> None:
+        """Nothing: the mini-batch at ``pt`` was drawn and read with ``pt``."""
+
+    def advance(self, pt: _Point, left: int) -> _Point:
+        new = self.ahead if self.ahead is not None else self._launch(pt, left <= 1)
+        # queued before waiting for new's values: the device works while the host waits
+        self.ahead = self._launch(new, left <= 2) if left > 1 else None
+        got = self.reads.finish(new.read)
+        if self.bound is not None and not self.bound.step(pt.g_hi):
+            x = self.reads.point(new.xs, None, (), [], x_only=True)["x"]
         else:
-            x_ok = got["x"]
-        if not math.isfinite(x_ok):
-            reason = "nonfinite"
-            break
-        if nxt.f is None:  # the last iterate of a mini-batch run: nothing evaluated there
-            gnorm_new = math.inf
-            finite = True
+            x = got["x"]
+        new.x_ok = math.isfinite(x)
+        if new.f_dev is None:  # the last iterate of a mini-batch run: nothing evaluated
+            new.f, new.gnorm, new.g_hi = got["f"], math.inf, got["g_hi"]
         else:
-            gnorm_new = _gnorm(gtol, got["g"])
-            finite = math.isfinite(got["f"]) and math.isfinite(gnorm_new)
-        # full batch: an iterate whose objective is not finite is not taken; a mini-batch
-        # that is not finite ends the run at the (finite) iterate it was drawn at
-        if not (finite or batches):
-            reason = "nonfinite"
-            break
-        cur, nxt = nxt, after
-        f, gnorm, g_max = got["f"], gnorm_new, got["g_hi"]
-        nit += 1
-        if is_am:
+            self._read(new, got)
+        if got["extra"]:
             values = tuple(np.float64(v) for v in got["extra"])
-            betas.append(values if cur.per_layer else values[0])
-        if not finite:
-            reason = "nonfinite"
-    if batches:  # the result reports the full objective at the returned iterate
-        f, gs = obj(cur.xs)
-        f = read(xp, [f])[0]
-    else:
-        gs = cur.gs
-    gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
-    return _result(layout, obj, cur.xs, f, gs, nit, reason, betas if is_am else None, f0)
+            new.beta = values if new.per_layer else values[0]
+        return new
 
 
-def _gnorm(gtol: float, g_max: float) -> float:
-    """The ``gtol`` test's value: ``max|g|``, or, without a test, 0 if finite, else NaN."""
-    return g_max if gtol > 0 else (0.0 if math.isfinite(g_max) else math.nan)
-
-
-def _run_device(
-    layout,
-    obj,
-    step,
-    split,
-    cb,
-    sampler,
-    *,
-    maxiter,
-    gtol,
-    is_am,
-    stochastic,
-    wd,
-    decay_in_f,
-    growth=None,
-) -> OptimizeResult:
-    """The loop of :func:`_run` for device arrays: one host transfer per iteration.
-
-    Every value the loop tests on the host is read with :func:`amopt._lazy._device.read`
-    in one transfer per iteration, and an AM step is cut at its rule (``split``, see
-    :class:`amopt._methods._Split`) so that the rule's sums travel in the same transfer
-    and the rule runs on the host. The tests and their order are those of :func:`_run`;
-    what changes is when a value is known:
-
-    * full batch: the objective at :math:`x_{t+1}` is evaluated before the finiteness
-      of :math:`x_{t+1}` is known (both are read together), so ``fun`` may see a
-      non-finite iterate that then ends the run (the result is the last finite one);
-    * mini-batch: the finiteness of :math:`x_{t+1}` is read with the next batch's
-      values (so that batch is evaluated at it) or at the end of the run; a
-      non-finite one is then taken back (``nit``, betas). With a ``callback`` it is
-      read before the callback sees the iterate, one more transfer per iteration.
-
-    On an asynchronous device (:func:`amopt._lazy._device.asynchronous`) a run without
-    a callback, full-batch or mini-batch, is pipelined instead (:func:`_run_pipelined`):
-    the host reads each iterate while the next step is already queued.
-    """
+def _device_reader(
+    layout, obj, step, split, sampler, cb, *, maxiter, gtol, wd, decay_in_f, growth
+):
+    """The reader of a run on device arrays: one host transfer per iteration; on an
+    asynchronous device (:func:`amopt._lazy._device.asynchronous`) a run without a
+    callback, full-batch or mini-batch, pipelined (:class:`_PipelinedReader`)."""
     xp = layout.xp
     # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only
     # when the bound no longer proves it; the bound needs max|g|
@@ -1252,135 +1371,20 @@ def _run_device(
     g_sq = None if split is None else split.g_sq
     exact_g = gtol > 0 or bound is not None
     reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, g_sq)
-    xs = layout.arrays
-    state = None
-    betas: list[Any] = []
-    nit = 0
-    pending = None
-
-    def method_f(f: float, sq: float) -> float:
-        # f of the method: that of F = f + wd/2 |x|^2 when decay_in_f (as _run's coupled)
-        return f + 0.5 * wd * sq if reads.sq else f
-
-    def prepare(arrays: tuple, g_c: tuple) -> list:
-        nonlocal state, pending
-        if split is None:
-            return []
-        state, pending, sums = split.sums(arrays, g_c, state)
-        return sums if isinstance(sums, list) else [sums]
-
-    def take_step(arrays: tuple, g_c: tuple, f_step: float, values: list) -> tuple:
-        if split is None:
-            return step(arrays, g_c, f_step, state)
-        return split.apply(arrays, g_c, f_step, state, pending, values)
-
     pipelined = _PIPELINE if _PIPELINE is not None else asynchronous(layout.arrays)
     if cb is None and pipelined and (sampler is None or maxiter > 0):
         on_device = split if split is not None and split.on_device else None
         if on_device is None and split is not None:  # the whole step, its rule on the device
             reads = _Reads(xp, layout.arrays, wd, decay_in_f, exact_g, gtol, None)
-        return _run_pipelined(
-            layout, obj, step, on_device, reads, bound, sampler,
-            maxiter=maxiter, gtol=gtol, is_am=is_am, wd=wd, stochastic=stochastic,
-        )  # fmt: skip
-    if sampler is None:
-        f, gs = obj(xs)
-        g_c = reads.coupled(xs, gs)
-        got = reads.point(xs, f, g_c, prepare(xs, g_c), x_max=bound is not None)
-        if bound is not None:
-            bound.x = got["x"]
-        f, gnorm, sums, g_max = got["f"], _gnorm(gtol, got["g"]), got["sums"], got["g_hi"]
-        f_c = method_f(f, got["sq"])
-        f0 = f if wd == 0 else None
-        reason = None if math.isfinite(got["x"]) else "nonfinite_x0"
-        if reason is None and not (math.isfinite(f) and math.isfinite(gnorm)):
-            reason = "nonfinite"
-        while reason is None:
-            if gtol > 0 and gnorm <= gtol:
-                reason = "gtol"
-                break
-            if nit >= maxiter:
-                reason = "maxiter"
-                break
-            new_xs, state, beta = take_step(xs, g_c, f_c, sums)
-            sure = bound is not None and bound.step(g_max)
-            f_new, g_new = obj(new_xs)
-            g_c_new = reads.coupled(new_xs, g_new)
-            check = None if sure else new_xs
-            got = reads.point(check, f_new, g_c_new, prepare(new_xs, g_c_new), at=new_xs)
-            if not math.isfinite(got["x"]):
-                reason = "nonfinite"
-                break
-            gnorm_new = _gnorm(gtol, got["g"])
-            if not (math.isfinite(got["f"]) and math.isfinite(gnorm_new)):
-                reason = "nonfinite"
-                break
-            xs, f, gs, g_c, gnorm, sums = new_xs, got["f"], g_new, g_c_new, gnorm_new, got["sums"]
-            g_max = got["g_hi"]
-            f_c = method_f(f, got["sq"])
-            nit += 1
-            if is_am:
-                betas.append(beta)
-            if cb is not None and _call_back(cb, layout, xs, f, gs, nit, beta, is_am):
-                reason = "callback"
-        gs = layout.copy(gs)  # the caller's gradient, not aliased by the result
-        return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None, f0)
+        return _PipelinedReader(
+            layout, obj, step, on_device, sampler, reads, bound, gtol, wd, False
+        )
+    return _DeviceReader(layout, obj, step, split, sampler, reads, bound, gtol, wd, cb is not None)
 
-    f, gs = math.nan, None
-    x0_max = reads.point(xs, None, (), [], x_only=True, x_max=bound is not None)["x"]
-    finite_x0 = math.isfinite(x0_max)
-    if bound is not None:
-        bound.x = x0_max
-    reason = None if finite_x0 else "nonfinite_x0"
-    unchecked = None  # the iterate before the latest step, while the step's x is unread
-    while reason is None:
-        if nit >= maxiter:
-            reason = "maxiter"
-            break
-        f_b, g_b = obj.batch(xs, sampler())
-        g_step = reads.coupled(xs, g_b)
-        check = None if unchecked is None else xs
-        got = reads.point(check, f_b, g_step, prepare(xs, g_step), at=xs)
-        if unchecked is not None:
-            if not math.isfinite(got["x"]):
-                xs, nit = unchecked, nit - 1
-                if is_am:
-                    betas.pop()
-                reason = "nonfinite"
-                break
-            unchecked = None
-        gnorm_b = _gnorm(gtol, got["g"])
-        if not (math.isfinite(got["f"]) and math.isfinite(gnorm_b)):
-            reason = "nonfinite"
-            break
-        if gtol > 0 and gnorm_b <= gtol:
-            reason = "gtol"
-            break
-        new_xs, state, beta = take_step(xs, g_step, method_f(got["f"], got["sq"]), got["sums"])
-        sure = bound is not None and bound.step(got["g_hi"])
-        if (
-            cb is not None
-            and not sure
-            and not math.isfinite(reads.point(new_xs, None, (), [], True)["x"])
-        ):
-            reason = "nonfinite"
-            break
-        unchecked = None if cb is not None or sure else xs
-        xs, f = new_xs, got["f"]
-        nit += 1
-        if is_am:
-            betas.append(beta)
-        if cb is not None and _call_back(cb, layout, xs, f, None, nit, beta, is_am):
-            reason = "callback"
-    if unchecked is not None and not math.isfinite(reads.point(xs, None, (), [], True)["x"]):
-        xs, nit, reason = unchecked, nit - 1, "nonfinite"
-        if is_am:
-            betas.pop()
-    if obj.finite_sum:
-        # The result reports the full objective at the returned iterate.
-        f, gs = obj(xs)
-        f, gs = read(xp, [f])[0], layout.copy(gs)
-    return _result(layout, obj, xs, f, gs, nit, reason, betas if is_am else None)
+
+def _gnorm(gtol: float, g_max: float) -> float:
+    """The ``gtol`` test's value: ``max|g|``, or, without a test, 0 if finite, else NaN."""
+    return g_max if gtol > 0 else (0.0 if math.isfinite(g_max) else math.nan)
 
 
 def _call_back(cb, layout, xs, f, gs, nit, beta, is_am) -> bool:
