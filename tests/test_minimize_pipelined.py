@@ -2,8 +2,8 @@
 
 On an asynchronous device (torch CUDA tensors, CuPy arrays) ``minimize`` runs its
 loop, full-batch or mini-batch, one step ahead of its reads
-(``amopt._loop._PipelinedReader``). torch
-tensors on the CPU take it when ``amopt._loop._PIPELINE`` forces it; a read there is
+(``amopt.optimize.loop._PipelinedReader``). torch
+tensors on the CPU take it when ``amopt.optimize.loop._PIPELINE`` forces it; a read there is
 made when the loop waits for it, so the order of evaluations and waits is the
 pipeline's. The reference is the waiting loop (``_PIPELINE = False``) on the same
 tensors and, for the non-finite runs, NumPy.

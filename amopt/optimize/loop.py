@@ -5,8 +5,8 @@ the map between the user's ``x0`` and the core's tuple of arrays, the mini-batch
 sampler, the callback protocol, the status table, and the one iteration loop
 (:func:`_iterate`) with its readers: how the values it tests are read back, at once
 on the host, in one transfer per iteration on a device, or one step behind the
-device when pipelined. Every step itself is a call into :mod:`amopt._core`, made
-by the methods in :mod:`amopt._methods`.
+device when pipelined. Every step itself is a call into :mod:`amopt.optimize.steps`, made
+by the methods in :mod:`amopt.optimize.methods`.
 """
 
 from __future__ import annotations
@@ -628,7 +628,7 @@ def _run(
     replace = check_bool("replace", replace)
     layout = _Layout(x0)
     obj = _Objective(fun, jac, args, layout)
-    if counted is not None:  # the evaluations that chose the step size (amopt._step_size)
+    if counted is not None:  # the evaluations that chose the step size (amopt.optimize.step_size)
         obj.nfev, obj.njev = counted
     cb = _wrap_callback(callback)
     sampler = None
@@ -665,10 +665,10 @@ def _run(
     lazy = _lazy.session(
         layout, obj, step, full_batch=sampler is None, weight_decay=wd, decay_in_f=decay_in_f
     )
-    if lazy is not None:  # dask arrays: one graph submission per step, see amopt._lazy
+    if lazy is not None:  # dask arrays: one graph submission per step, see amopt.backends.dask
         layout, obj, step = lazy.layout, lazy.objective, lazy.step
         reader = _HostReader(layout, obj, step, sampler, gtol, wd, decay_in_f)
-    elif is_device(layout.arrays):  # one host transfer per step, see amopt._lazy._device
+    elif is_device(layout.arrays):  # one host transfer per step, see amopt.backends.device
         obj.defer = True
         # a returned gradient is used before the next evaluation and never modified:
         # only the result's is copied (each copy is a pass over memory on a device)
@@ -797,7 +797,7 @@ def _iterate(reader, layout, obj, cb, *, maxiter, gtol, is_am, batches, wd) -> O
 
 class _HostReader:
     """The loop's values read as soon as they are formed (NumPy, and dask through the
-    stand-ins of :mod:`amopt._lazy`, which submit a step's reductions together).
+    stand-ins of :mod:`amopt.backends.dask`, which submit a step's reductions together).
 
     ``weight_decay`` is coupled decay :math:`\\mu` applied here: the step and the
     ``gtol`` test get :math:`g + \\mu x`, and the step's f is :math:`F` with
@@ -1148,9 +1148,9 @@ _PIPELINE: bool | None = None
 class _DeviceReader:
     """The loop's values of one iteration read in one host transfer (device arrays).
 
-    Every value the loop tests is read with :func:`amopt._lazy._device.read` in one
+    Every value the loop tests is read with :func:`amopt.backends.device.read` in one
     transfer per iteration (:class:`_Reads`), and an AM step is cut at its rule
-    (``split``, see :class:`amopt._methods._Split`) so that the rule's sums travel in
+    (``split``, see :class:`amopt.optimize.methods._Split`) so that the rule's sums travel in
     the same transfer and the rule runs on the host. The tests and their order are
     those of the host loop; what changes is when a value is known:
 
@@ -1362,7 +1362,7 @@ def _device_reader(
     layout, obj, step, split, sampler, cb, *, maxiter, gtol, wd, decay_in_f, growth
 ):
     """The reader of a run on device arrays: one host transfer per iteration; on an
-    asynchronous device (:func:`amopt._lazy._device.asynchronous`) a run without a
+    asynchronous device (:func:`amopt.backends.device.asynchronous`) a run without a
     callback, full-batch or mini-batch, pipelined (:class:`_PipelinedReader`)."""
     xp = layout.xp
     # with a bound on the iterates (``growth``, see _Bound) their finiteness is read only

@@ -751,7 +751,7 @@ def am_adamw(
         form the scope. DTensors are combined over their device mesh.
     lr_ratio : float, default 1
         :math:`r = \eta_{t-1}/\eta_t`, the previous step's lr over this one's
-        (:func:`amopt._rule.lr_ratio`, :func:`amopt._rule.adam_weights`): Supplement D
+        (:func:`amopt.core.rule.lr_ratio`, :func:`amopt.core.rule.adam_weights`): Supplement D
         estimates the decrease of f by the previous step, taken with
         :math:`\eta_{t-1}`. 1 at a constant lr and on the first step; :class:`AMAdamW`
         keeps it per param group.

@@ -1,6 +1,6 @@
 """Pieces shared by the AM torch optimizers: validation, dtypes, reductions, the base class.
 
-The beta rules themselves live in :mod:`amopt._rule` (one implementation for every
+The beta rules themselves live in :mod:`amopt.core.rule` (one implementation for every
 surface); everything here works on tensors that stay on their device, so that no
 value is read back to the host while an optimizer steps. Also here: the choice of
 the implementation a param group runs (:func:`default_path`) and the GradScaler
@@ -84,7 +84,7 @@ def torch_worded(
 ) -> Any:
     """``check(name, value, ...)``, its ``ValueError`` opened with torch's words for ``name``.
 
-    >>> from amopt._config import check_nonnegative
+    >>> from amopt.core.config import check_nonnegative
     >>> torch_worded(check_nonnegative, "lr", -0.01)
     Traceback (most recent call last):
     ...
@@ -248,7 +248,7 @@ running average exp_avg_sq, not by its running maximum (AMSGrad); allowed: amsgr
 
 
 def rule_config(**kwargs: Any) -> AMConfig:
-    """The validated :class:`~amopt._config.AMConfig` of a step, built once per value.
+    """The validated :class:`~amopt.core.config.AMConfig` of a step, built once per value.
 
     Under ``torch.compile`` it is built directly: dynamo traces the construction (its
     values are constants of the graph) and would warn about the cache wrapper.
@@ -558,7 +558,7 @@ _SAFE_SQSUM = (2.0**-100, 2.0**120)
 
 
 #: The AM rules' zero-denominator threshold, relative to the scope's reference sum: the
-#: squared machine epsilon of the float64 sums (``amopt._rule.guarded_ratio``).
+#: squared machine epsilon of the float64 sums (``amopt.core.rule.guarded_ratio``).
 _RULE_TINY = float(torch.finfo(torch.float64).eps) ** 2
 
 
@@ -989,7 +989,7 @@ class AMOptimizerBase(Optimizer):
 
     def _lr_ratio(self, group: dict[str, Any], params: Sequence[Tensor]) -> Any:
         r""":math:`r = \eta_{t-1}/\eta_t` of the group's coming step
-        (:func:`amopt._rule.lr_ratio`; ``docs/algorithms.md`` sections 2 and 3).
+        (:func:`amopt.core.rule.lr_ratio`; ``docs/algorithms.md`` sections 2 and 3).
 
         The stepped parameters' state keeps ``"prev_lr"``, the lr of the last step they
         took, as one 1-element float64 tensor for the group (on the CPU; on the lr's

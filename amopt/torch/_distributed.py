@@ -2,7 +2,7 @@ r"""Beta under sharding: the sums of a sharded scope, combined across the ranks 
 
 The AM beta of a scope (one parameter tensor, or every parameter of a param group)
 is a function of a few sums over *all* coordinates of the scope
-(:data:`amopt._rule.MOMENTUM_SUMS`, :data:`amopt._rule.ADAM_SUMS`). The sums are
+(:data:`amopt.core.rule.MOMENTUM_SUMS`, :data:`amopt.core.rule.ADAM_SUMS`). The sums are
 additive, so a rank holding a piece of a scope computes the sums of its piece
 (the reduce kernels run unchanged on plain local tensors) and the pieces are
 added across the ranks before the rule, at the seam between reduce and rule:

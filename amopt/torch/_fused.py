@@ -4,7 +4,7 @@ A fused step is the three stages of every AM method (``docs/algorithms.md``):
 
 1. **reduce** (C, ``csrc/am_fused.c``): one pass over ``g, d, x`` (and ``v``) that
    writes the few sums of each tensor the beta rule needs;
-2. **rule** (:mod:`amopt._rule`, torch ops on a small CPU tensor): beta of each scope
+2. **rule** (:mod:`amopt.core.rule`, torch ops on a small CPU tensor): beta of each scope
    from the stacked sums; the kernels contain no beta math;
 3. **apply** (C): one pass that updates ``d`` and ``x`` given beta (or gamma).
 
@@ -874,7 +874,7 @@ class _Scopes:
         are handed (the learning-rate ratio, AM-Adam's first-step flag). ``None`` (the
         passes are driven from here, the rule run by NumPy between them) when the
         scopes' sums are added across ranks first, or when the rule in
-        :mod:`amopt._rule` cannot be recorded (:func:`amopt._tape.trace`).
+        :mod:`amopt.core.rule` cannot be recorded (:func:`amopt.core.tape.trace`).
         """
         if _collective(self.sync):
             return None

@@ -142,7 +142,7 @@ class SGDHyper(NamedTuple):
     weight_decay: float
     maximize: bool
     config: AMConfig
-    #: ``r = lr_{t-1} / lr_t`` of the linearised numerator (``amopt._rule.lr_ratio``)
+    #: ``r = lr_{t-1} / lr_t`` of the linearised numerator (``amopt.core.rule.lr_ratio``)
     lr_ratio: float = 1.0
 
 
@@ -167,7 +167,7 @@ class AdamHyper(NamedTuple):
     weight_decay_mode: str
     maximize: bool
     config: AMConfig
-    #: ``r = lr_{t-1} / lr_t`` of the linearised numerator (``amopt._rule.lr_ratio``)
+    #: ``r = lr_{t-1} / lr_t`` of the linearised numerator (``amopt.core.rule.lr_ratio``)
     lr_ratio: float = 1.0
 
 
@@ -202,7 +202,7 @@ RULE_FIELDS = ("lam", "beta_max", "beta_min", "theta", "beta_high", "beta_low")
 
 
 def rule_config_from(numbers: list[float], per_layer: bool, variant: str | None) -> AMConfig:
-    """The :class:`~amopt._config.AMConfig` an operator was given as plain values."""
+    """The :class:`~amopt.core.config.AMConfig` an operator was given as plain values."""
     options = dict(zip(RULE_FIELDS, numbers, strict=True))
     return AMConfig.cached(numerator="linear", per_layer=per_layer, variant=variant, **options)
 

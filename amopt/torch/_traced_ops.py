@@ -27,7 +27,7 @@ from amopt.torch._records import rule_config_from, rule_numbers, scope_sums, wid
 
 __all__: list[str] = []
 
-#: The rule families, by the name the operator takes: the functions of ``amopt._rule``,
+#: The rule families, by the name the operator takes: the functions of ``amopt.core.rule``,
 #: looked up when called (as every surface does; ``tests/test_one_rule.py``).
 _FAMILIES = {"momentum": "momentum_beta", "adam": "adam_beta"}
 
@@ -36,7 +36,7 @@ def _family(fn: Any) -> str:
     for family, name in _FAMILIES.items():
         if fn is getattr(_rule, name):
             return family
-    raise ValueError(f"{fn!r} is not a rule of amopt._rule")
+    raise ValueError(f"{fn!r} is not a rule of amopt.core.rule")
 
 
 def bias_correction_roots(steps: list[Tensor], beta2: float) -> Tensor:
@@ -113,7 +113,7 @@ def _(
 def rule(fn: Any, sums: Tensor, config: Any, **kwargs: Any) -> Any:
     """``fn(torch, sums, config, **kwargs)`` as the operator ``amopt::rule``.
 
-    ``fn`` is :func:`amopt._rule.momentum_beta` or :func:`amopt._rule.adam_beta`; the
+    ``fn`` is :func:`amopt.core.rule.momentum_beta` or :func:`amopt.core.rule.adam_beta`; the
     result has its shape (a tuple for the momentum rule).
     """
     family = _family(fn)
@@ -143,8 +143,8 @@ def _rule_from_sums_op(
 ) -> list[Tensor]:
     """The rule of ``family`` from each tensor's raw sums (``sums``, tensor by tensor).
 
-    ``"adam"`` with ``terms`` (the indices in :data:`amopt._rule.ADAM_TERMS` of the
-    weights): the weights are :func:`amopt._rule.adam_weights` of ``lr``,
+    ``"adam"`` with ``terms`` (the indices in :data:`amopt.core.rule.ADAM_TERMS` of the
+    weights): the weights are :func:`amopt.core.rule.adam_weights` of ``lr``,
     ``weight_decay`` and ``lr_ratio``, formed here (``weights`` gives their number).
 
     ``"momentum"``: ``<v,v>, <g,g>, <v,g>`` per tensor, the rule's ``<d,d>`` formed as

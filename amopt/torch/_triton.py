@@ -1,17 +1,17 @@
 r"""Triton kernels for the AM optimizers on the GPU: multi-tensor reduce -> rule -> apply.
 
 One optimizer step over a param group is the reduce -> rule -> apply of
-:mod:`amopt._rule` in five device stages (the linearised numerator: the
+:mod:`amopt.core.rule` in five device stages (the linearised numerator: the
 stochastic form of the rules, as the optimizers use it):
 
 1. **reduce** (one launch per parameter dtype, over every tensor of the group):
    each program reads one chunk of one tensor and writes the chunk's partial
-   sums of the rule (:data:`amopt._rule.MOMENTUM_SUMS` ``vv, gg, dd`` for AMSGD,
-   :data:`amopt._rule.ADAM_SUMS` ``num, den, ref`` for AMAdamW) to one row of a
+   sums of the rule (:data:`amopt.core.rule.MOMENTUM_SUMS` ``vv, gg, dd`` for AMSGD,
+   :data:`amopt.core.rule.ADAM_SUMS` ``num, den, ref`` for AMAdamW) to one row of a
    partial-sums array, accumulated in float32 (float64 for float64 scopes);
 2. **segment sum**: one program per beta scope adds its rows in a fixed order
    (deterministic, no atomics), giving the stacked sums, shape ``(n_scopes, 3)``;
-3. **rule**: :func:`amopt._rule.momentum_beta` / :func:`amopt._rule.adam_beta`
+3. **rule**: :func:`amopt.core.rule.momentum_beta` / :func:`amopt.core.rule.adam_beta`
    with ``xp=torch`` on those sums, on the device;
 4. **apply** (one launch per dtype): the momentum and parameter update;
 5. the step counters (and, on a skipped step, nothing else) are updated.
@@ -587,11 +587,11 @@ def _rule_kernel(
     """``rule(xp, sums, config)`` of every scope in one Triton kernel, or None.
 
     With ``extra``, the rule's keyword argument of that name is a fourth input of each
-    scope (:func:`amopt._tape.input_rule`: the learning-rate ratio, the first-step flag).
+    scope (:func:`amopt.core.tape.input_rule`: the learning-rate ratio, the first-step flag).
 
-    The rule (:mod:`amopt._rule`, as it is when the step runs) is recorded as a tape
-    of its operations on sums of ``dtype`` (:func:`amopt._tape.trace`) and written out
-    as a kernel (:func:`amopt._tape.triton_source`) that evaluates it per scope, each
+    The rule (:mod:`amopt.core.rule`, as it is when the step runs) is recorded as a tape
+    of its operations on sums of ``dtype`` (:func:`amopt.core.tape.trace`) and written out
+    as a kernel (:func:`amopt.core.tape.triton_source`) that evaluates it per scope, each
     operation rounding once in ``dtype`` as the rule's array operations do: one launch
     in place of the rule's fifteen or so small ones. The kernel is compiled once per
     tape (an interpreted one with ``interpret``). None where the rule cannot be
@@ -1320,7 +1320,7 @@ def triton_amsgd(
     The same step as ``amsgd(..., foreach=False)`` (``docs/algorithms.md``,
     section 2, linearised numerator): :math:`g \leftarrow g + \mu x`, ``d = g`` on
     the first step, :math:`\beta, \gamma` from the sums ``<v,v>, <g,g>, <d,d>``
-    (:func:`amopt._rule.momentum_beta`), :math:`d \leftarrow g + \gamma (d - g)`,
+    (:func:`amopt.core.rule.momentum_beta`), :math:`d \leftarrow g + \gamma (d - g)`,
     :math:`x \leftarrow x - \eta d`.
 
     Parameters
@@ -1563,8 +1563,8 @@ def triton_am_adamw(
     The same step as ``am_adamw(..., foreach=False)`` (``docs/algorithms.md``,
     section 3): :math:`v \leftarrow \beta_2 v + (1-\beta_2) g^2`,
     :math:`p = c(\epsilon + \sqrt{v/(1-\beta_2^t)})` with :math:`c = 1 -
-    \beta_{1,\max}\pi`, the sums ``N, D, ref`` (:func:`amopt._rule.adam_weights`),
-    :math:`\beta` from :func:`amopt._rule.adam_beta`, :math:`d \leftarrow g +
+    \beta_{1,\max}\pi`, the sums ``N, D, ref`` (:func:`amopt.core.rule.adam_weights`),
+    :math:`\beta` from :func:`amopt.core.rule.adam_beta`, :math:`d \leftarrow g +
     \frac{\beta + \lambda p}{1 + \lambda p}(d - g)`, then the decay and
     :math:`x \leftarrow x - \eta d / p`, and :math:`\pi \leftarrow \pi\beta`.
 
