@@ -166,6 +166,15 @@ def _schema(family: Family, lr_tensor: bool, layers: bool) -> str:
     return f"({', '.join(args)}) -> {out}"
 
 
+#: The traced wrappers of the operators, by family name, kind and ``layers``.
+_TRACED: dict[tuple[str, str, bool], Callable[..., Any]] = {}
+
+
+def traced(family: Family, kind: str, layers: bool = False) -> Callable[..., Any]:
+    """The function a step calls to run ``family``'s ``kind`` operator (:func:`_step_operator`)."""
+    return _TRACED[family.name, kind, layers]
+
+
 def _step_operator(family: Family, kind: str, layers: bool = False) -> tuple[Any, Any]:
     """Define ``amopt::<kind>_<family>_`` (``..._layers_`` with ``layers``): one step of
     the fused CPU kernels (``kind="fused"``, the driver given by ``register_driver``) or
@@ -239,6 +248,7 @@ def _step_operator(family: Family, kind: str, layers: bool = False) -> tuple[Any
             return list(out[0].unbind()), list(out[1].unbind())
         return list(out.unbind())
 
+    _TRACED[family.name, kind, layers] = traced
     traced.__name__ = traced.__qualname__ = f"{name[:-1]}_traced"
     traced.__doc__ = f"One step through ``amopt::{name}`` (what ``torch.compile`` traces)."
     return op, traced
