@@ -33,6 +33,7 @@ from amopt.torch._common import (
     check_torch_options,
     chunk_elements,
     chunks,
+    foreach_grads,
     hyper_lr,
     hyper_ratio,
     new_step,
@@ -1115,14 +1116,8 @@ def _multi_tensor_am_adamw(
         dev_steps_,
     ), indices in grouped.values():
         dev_params = list(dev_params_)
-        if maximize:
-            dev_grads = list(torch._foreach_neg(dev_grads_))
-            if weight_decay_mode == "l2" and weight_decay != 0:
-                torch._foreach_add_(dev_grads, dev_params, alpha=weight_decay)
-        elif weight_decay_mode == "l2" and weight_decay != 0:
-            dev_grads = list(torch._foreach_add(dev_grads_, dev_params, alpha=weight_decay))
-        else:
-            dev_grads = list(dev_grads_)
+        l2 = weight_decay if weight_decay_mode == "l2" else 0.0
+        dev_grads = foreach_grads(dev_grads_, dev_params, maximize, l2)
         dev_steps = list(dev_steps_)
         if dev_steps[0].is_cpu:  # one wrapped 1 for the per-counter loop of the CPU
             torch._foreach_add_(dev_steps, torch.tensor(1.0), alpha=1.0)

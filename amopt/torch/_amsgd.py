@@ -23,6 +23,7 @@ from amopt.torch._common import (
     check_group_flags,
     check_lr,
     check_torch_options,
+    foreach_grads,
     foreach_sqsum,
     hyper_lr,
     hyper_ratio,
@@ -659,14 +660,7 @@ def _multi_tensor_amsgd(
     for (dev_params_, dev_grads_, dev_bufs_, dev_steps_), indices in grouped.values():
         dev_params = list(dev_params_)
         dev_bufs = list(dev_bufs_)
-        if maximize:
-            dev_grads = list(torch._foreach_neg(dev_grads_))
-            if weight_decay != 0:
-                torch._foreach_add_(dev_grads, dev_params, alpha=weight_decay)
-        elif weight_decay != 0:
-            dev_grads = list(torch._foreach_add(dev_grads_, dev_params, alpha=weight_decay))
-        else:
-            dev_grads = list(dev_grads_)
+        dev_grads = foreach_grads(dev_grads_, dev_params, maximize, weight_decay)
         for k, buf in enumerate(dev_bufs):
             if buf is None:
                 buf = torch.clone(dev_grads[k]).detach()
