@@ -447,7 +447,7 @@ def test_fallback_warns_once_per_optimizer(cls, kernels_unavailable):
 def triton_everywhere(monkeypatch):
     """Every step runs the Triton kernels, on CPU tensors in Triton's interpreter."""
     pytest.importorskip("triton")
-    from amopt.torch import _amadamw, _amsgd, _triton
+    from amopt.torch import _step, _triton
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if _triton.available([torch.zeros(1)]) is not None:
@@ -459,7 +459,7 @@ def triton_everywhere(monkeypatch):
             return "triton", None
         return original(params, grads, fused=fused, foreach=foreach)
 
-    for module in (_common, _amsgd, _amadamw):
+    for module in (_common, _step):
         monkeypatch.setattr(module, "default_path", default_path)
     return _spy(monkeypatch, _triton, ["triton_amsgd", "triton_am_adamw"])
 

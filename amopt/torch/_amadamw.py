@@ -2,8 +2,9 @@ r"""``AMAdamW`` and ``AMAdam``: Adam with Adaptive Memory momentum for ``torch.o
 
 from __future__ import annotations
 
+import sys
 import warnings
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -11,13 +12,11 @@ from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt.core import rule as _rule
-from amopt.core.config import AMConfig, check_bool, check_choice, check_interval
-from amopt.torch import _distributed, _fused, _fused_ops, _traced_ops
+from amopt.core.config import AMConfig, check_bool, check_choice
+from amopt.torch import _distributed, _fused_ops, _traced_ops
 from amopt.torch._common import (
     AdamHyper,
     AdamTensors,
-    AMOptimizerBase,
-    InfSkip,
     Piece,
     Scaler,
     Scratch,
@@ -34,22 +33,17 @@ from amopt.torch._common import (
     check_torch_options,
     chunk_elements,
     chunks,
-    default_path,
+    foreach_grads,
     hyper_lr,
     hyper_ratio,
     new_step,
-    plan_flags,
     real_dtype,
     rule_by_rows,
     rule_config,
-    step_lr,
     store_betas,
     total,
-    triton_module,
-    unscale,
-    warn_path_fallback,
 )
-from amopt.torch._fused import warn_fallback
+from amopt.torch._step import StepTemplate, family_paths, functional, fused_step
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
 
@@ -77,15 +71,19 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def _config(group: dict[str, Any]) -> AMConfig:
-    """The group's rule configuration (validated; built once per distinct value)."""
+def _config(group: dict[str, Any], beta1: float | None = None) -> AMConfig:
+    """The group's rule configuration (validated; built once per distinct value);
+    ``beta1``: ``betas[0]`` already read."""
     keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
-    beta1 = as_float(group["betas"][0])
+    beta1 = as_float(group["betas"][0]) if beta1 is None else beta1
     return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
 
 
-def _group_hyper(group: dict[str, Any], lr: Any, beta2: float, lr_ratio: float = 1.0) -> AdamHyper:
-    """The hyper-parameters of a step of ``group`` (the Triton driver's own records)."""
+def _group_hyper(group: dict[str, Any], lr: Any, lr_ratio: Any = 1.0) -> AdamHyper:
+    """The hyper-parameters of a step of ``group``, ``betas[0]`` checked (schedulers
+    write it)."""
+    beta1, beta2 = (as_float(b) for b in group["betas"])
+    check_beta("betas[0]", beta1)
     return AdamHyper(
         lr,
         beta2,
@@ -93,7 +91,7 @@ def _group_hyper(group: dict[str, Any], lr: Any, beta2: float, lr_ratio: float =
         group["weight_decay"],
         group["weight_decay_mode"],
         group["maximize"],
-        _config(group),
+        _config(group, beta1),
         lr_ratio,
     )
 
@@ -107,7 +105,7 @@ def _validate(group: dict[str, Any], modes: tuple[str, ...]) -> None:
     check_group_flags(group, nonnegative=("eps", "weight_decay"))
 
 
-class AMAdamW(AMOptimizerBase):
+class AMAdamW(StepTemplate):
     r"""AdamW with Adaptive Memory momentum (AM-AdamW, Topollai & Choromanska, AISTATS 2026).
 
     Adam's constant :math:`\beta_1` is replaced by a coefficient :math:`\beta_t`
@@ -278,6 +276,7 @@ class AMAdamW(AMOptimizerBase):
 
     _weight_decay_modes: tuple[str, ...] = ("decoupled", "proximal")
     _name = "AMAdamW"
+    _product_key = "beta1_prod"
     _state_keys = frozenset({"step", "exp_avg", "exp_avg_sq", "beta1_prod", "beta"})
     _migrated_keys = frozenset({"step", "exp_avg", "exp_avg_sq"})
 
@@ -468,116 +467,12 @@ class AMAdamW(AMOptimizerBase):
             beta1_prods.append(state["beta1_prod"])
         self._init_betas(group, params)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Perform one optimisation step.
+    def _hyper(self, group: dict[str, Any], lr: Any, value: Any, lr_ratio: Any) -> AdamHyper:
+        return _group_hyper(group, lr, lr_ratio)
 
-        Parameters
-        ----------
-        closure : callable, optional
-            Re-evaluates the model and returns the loss; called under
-            ``torch.enable_grad()``.
-
-        Returns
-        -------
-        The closure's loss, or ``None``.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
-        grad_scale, found_inf = self._amp()
-        for group in self.param_groups:
-            flags = plan_flags(group)
-            if not torch.compiler.is_compiling() and self._planned_step(group, flags):
-                continue
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            exp_avgs: list[Tensor] = []
-            exp_avg_sqs: list[Tensor] = []
-            state_steps: list[Tensor] = []
-            beta1_prods: list[Tensor] = []
-            self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-            if not params:
-                _distributed.join_empty(self, group)
-                continue
-            beta1, beta2 = (as_float(b) for b in group["betas"])
-            check_beta("betas[0]", beta1)  # schedulers write it
-            path = self._path(group, params, grads)
-            process_group = _distributed.scope_group(self, group, grads)
-            if (
-                path == "triton"
-                and torch.compiler.is_compiling()
-                and _fused_ops.layers_op_applies(group, params, process_group)
-            ):  # one graph node, which stores the betas and products itself
-                ratio = self._lr_ratio(group, params)
-                h = _group_hyper(group, hyper_lr(group["lr"], path), beta2, ratio)
-                t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-                betas_state = [self.state[p]["beta"] for p in params]
-                amp = Scaler(grad_scale, found_inf)
-                _fused_ops.triton_am_adamw_layers_traced(t, h, amp, betas_state)
-                self._remember_lr(group, params, found_inf)
-                continue
-            betas, new_prods = am_adamw(
-                params,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                state_steps,
-                beta1_prods,
-                foreach=path == "foreach",
-                fused=path in ("fused", "triton"),
-                grad_scale=grad_scale,
-                found_inf=found_inf,
-                lr=step_lr(group["lr"]),
-                beta1=beta1,
-                beta2=beta2,
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                weight_decay_mode=group["weight_decay_mode"],
-                lam=group["lam"],
-                per_layer=group["per_layer"],
-                variant=group["variant"],
-                beta_min=group["beta_min"],
-                theta=group["theta"],
-                beta_high=group["beta_high"],
-                beta_low=group["beta_low"],
-                maximize=group["maximize"],
-                capturable=group["capturable"],
-                process_group=process_group,
-                lr_ratio=self._lr_ratio(group, params),
-            )
-            self._remember_lr(group, params, found_inf)
-            skip = InfSkip(found_inf, ())
-            self._store_state(
-                group, params, [("beta", betas, skip), ("beta1_prod", new_prods, None)]
-            )
-            if path == "triton":
-                buffers = [exp_avgs, exp_avg_sqs]
-                _distributed.keep_group_plan(
-                    self, "adam", group, flags, params, grads, buffers, process_group
-                )
-        return loss
-
-    def _planned_step(self, group: dict[str, Any], flags: tuple) -> bool:
-        """The group's step on its Triton plan, if it has one that still applies."""
-        plan, grads = self._group_plan(group, flags)
-        if plan is None:
-            return False
-        beta1, beta2 = (as_float(b) for b in group["betas"])
-        check_interval("betas[0]", beta1, 0.0, 1.0, hi_open=True)
-        # the group's "prev_lr" is one tensor, held by every stepped parameter since the
-        # step that made the plan: one of them stands for all
-        stepped = [next(p for p in group["params"] if p in self.state)]
-        h = _group_hyper(group, as_float(group["lr"]), beta2, self._lr_ratio(group, stepped))
-        t = AdamTensors(plan.local_params, grads, *plan.tensors, [], [])
-        amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
-        triton_module().triton_am_adamw(
-            t, h, amp, plan=plan.plan, state=plan.state, sync=plan.sync
-        )
-        self._remember_lr(group, stepped, amp.found_inf)
-        return True
+    def _check_step(self, group: dict[str, Any], t: AdamTensors) -> None:
+        if group["capturable"]:
+            check_capturable(t.params, t.state_steps)
 
 
 class AMAdam(AMAdamW):
@@ -786,79 +681,31 @@ def am_adamw(
         beta_high=beta_high,
         beta_low=beta_low,
     )
-    params, grads, exp_avgs, exp_avg_sqs, sync = _distributed.localize(
-        params, grads, exp_avgs, exp_avg_sqs, per_layer=per_layer, process_group=process_group
-    )
-    path, reason = default_path(params, grads, fused=fused, foreach=foreach)
-    if reason is not None:
-        warn_path_fallback(reason, _FUNCTIONAL_WARNED)
-    compiling = torch.compiler.is_compiling()
-    if path == "triton" and sync is not None and compiling:  # no collective inside the op
-        path = "foreach"
-    h = AdamHyper(
-        hyper_lr(lr, path),
-        as_float(beta2),
-        eps,
-        weight_decay,
-        weight_decay_mode,
-        maximize,
-        config,
-        hyper_ratio(lr_ratio, lr, path),
-    )
+
+    def hyper(path: str) -> AdamHyper:
+        return AdamHyper(
+            hyper_lr(lr, path),
+            as_float(beta2),
+            eps,
+            weight_decay,
+            weight_decay_mode,
+            maximize,
+            config,
+            hyper_ratio(lr_ratio, lr, path),
+        )
+
     t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
     amp = Scaler(grad_scale, found_inf)
-    if path == "triton":  # the Triton kernels unscale and skip themselves
-        if compiling:  # one node of the graph
-            return _fused_ops.triton_am_adamw_traced(t, h, amp)
-        return triton_module().triton_am_adamw(t, h, amp, sync=sync)
-    if path == "fused":  # so do the C kernels
-        if sync is None and torch.compiler.is_compiling():  # one node of the graph
-            return _fused_ops.fused_am_adamw_traced(t, h, amp)
-        return _fused_am_adamw(t, h, amp, sync)
-    # compiled, foreach=True traces the single-tensor form: the compiler fuses each
-    # tensor's passes into one reduce and one apply loop either way, and the multi-tensor
-    # form's eager devices (polarised sums of squares) would be stored as temporaries
-    foreach = path == "foreach" and not compiling
-    func = _multi_tensor_am_adamw if foreach else _single_tensor_am_adamw
-    return _amp_am_adamw(func, t, h, amp, sync)
-
-
-_FUNCTIONAL_WARNED: set[str] = set()
-
-
-def _amp_am_adamw(
-    func: Callable[..., tuple[list[Tensor], list[Tensor]]],
-    t: AdamTensors,
-    h: AdamHyper,
-    amp: Scaler,
-    sync: _distributed.ScopeSync | None,
-) -> tuple[list[Tensor], list[Tensor]]:
-    """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
-    t = t._replace(grads=unscale(t.grads, amp.grad_scale))
-    skip = InfSkip(amp.found_inf, [*t.params, *t.exp_avgs, *t.exp_avg_sqs])
-    betas, prods = func(t, h, sync)
-    if amp.found_inf is None:
-        return betas, prods
-    skip.restore(t.state_steps)
-    olds = t.beta1_prods
-    if not h.config.per_layer:
-        return betas, [skip.blend(olds[0], prods[0])] * len(prods)
-    return betas, skip.blend_all(olds, prods)
-
-
-def _fused_am_adamw(
-    t: AdamTensors, h: AdamHyper, amp: Scaler, sync: _distributed.ScopeSync | None
-) -> tuple[list[Tensor], list[Tensor]]:
-    """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    out = _fused.eagerly(_fused.fused_am_adamw, t, h, amp, sync)
-    if out is None:  # found_inf skipped the step: nothing changed, the products neither
-        dtype = accumulation_dtype([real_dtype(p) for p in t.params])
-        skipped = torch.zeros((), dtype=dtype, device=t.params[0].device)
-        return [skipped] * len(t.params), list(t.beta1_prods)
-    if isinstance(out, str):
-        warn_fallback(out)
-        return _amp_am_adamw(_multi_tensor_am_adamw, t, h, amp, sync)
-    return out
+    return functional(
+        _PATHS,
+        t,
+        hyper,
+        amp,
+        fused=fused,
+        foreach=foreach,
+        per_layer=per_layer,
+        process_group=process_group,
+    )
 
 
 def _saturate(v: Tensor) -> Tensor:
@@ -1269,14 +1116,8 @@ def _multi_tensor_am_adamw(
         dev_steps_,
     ), indices in grouped.values():
         dev_params = list(dev_params_)
-        if maximize:
-            dev_grads = list(torch._foreach_neg(dev_grads_))
-            if weight_decay_mode == "l2" and weight_decay != 0:
-                torch._foreach_add_(dev_grads, dev_params, alpha=weight_decay)
-        elif weight_decay_mode == "l2" and weight_decay != 0:
-            dev_grads = list(torch._foreach_add(dev_grads_, dev_params, alpha=weight_decay))
-        else:
-            dev_grads = list(dev_grads_)
+        l2 = weight_decay if weight_decay_mode == "l2" else 0.0
+        dev_grads = foreach_grads(dev_grads_, dev_params, maximize, l2)
         dev_steps = list(dev_steps_)
         if dev_steps[0].is_cpu:  # one wrapped 1 for the per-counter loop of the CPU
             torch._foreach_add_(dev_steps, torch.tensor(1.0), alpha=1.0)
@@ -1340,4 +1181,7 @@ def _multi_tensor_am_adamw(
     return betas, new_prods
 
 
-_fused_ops.register_driver("fused_am_adamw", _fused_am_adamw)
+_PATHS = family_paths(_fused_ops.ADAM, sys.modules[__name__], "adam")
+AMAdamW._paths = _PATHS
+#: The fused C step with its foreach fallback (what ``amopt::fused_am_adamw_`` runs).
+_fused_am_adamw = partial(fused_step, _PATHS)

@@ -2,7 +2,7 @@ r"""``AMSGD``: SGD with Adaptive Memory momentum (the paper's AM-MSGD) for ``tor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
 from typing import Any
 
 import torch
@@ -11,41 +11,34 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from amopt.core import rule as _rule
 from amopt.core.config import AMConfig, check_interval
-from amopt.torch import _distributed, _fused, _fused_ops, _traced_ops
+from amopt.torch import _distributed, _fused_ops, _traced_ops
 from amopt.torch._common import (
-    AMOptimizerBase,
-    InfSkip,
     Scaler,
     SGDHyper,
     SGDTensors,
     accumulation_dtype,
-    as_float,
     as_real,
     cast,
     check_fused_device,
     check_group_flags,
     check_lr,
     check_torch_options,
-    default_path,
+    foreach_grads,
     foreach_sqsum,
     hyper_lr,
     hyper_ratio,
     new_step,
-    plan_flags,
     real_dtype,
     rule_by_rows,
     rule_config,
     scope_sums,
     sqsum,
-    step_lr,
     torch_worded,
     total,
-    triton_module,
     unscale,
-    warn_path_fallback,
     wide_dtype,
 )
-from amopt.torch._fused import warn_fallback
+from amopt.torch._step import StepTemplate, family_paths, functional
 
 __all__ = ["AMSGD", "amsgd"]
 
@@ -93,7 +86,7 @@ def _validate(group: dict[str, Any]) -> None:
     check_group_flags(group, nonnegative=("weight_decay",))
 
 
-class AMSGD(AMOptimizerBase):
+class AMSGD(StepTemplate):
     r"""SGD with Adaptive Memory momentum (AM-MSGD, Topollai & Choromanska, AISTATS 2026).
 
     The momentum coefficient :math:`\beta_t` is not fixed: it is computed in
@@ -436,107 +429,12 @@ class AMSGD(AMOptimizerBase):
             state_steps.append(state["step"])
         self._init_betas(group, params)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Perform one optimisation step.
-
-        Parameters
-        ----------
-        closure : callable, optional
-            Re-evaluates the model and returns the loss; it is called under
-            ``torch.enable_grad()``.
-
-        Returns
-        -------
-        The closure's loss, or ``None``.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
-        grad_scale, found_inf = self._amp()
+    def _step_values(self) -> list[float]:
         # reconcile every cap first, so that an invalid one fails before any group steps
-        caps = [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
-        for group, beta_max in zip(self.param_groups, caps, strict=True):
-            flags = plan_flags(group)
-            if not torch.compiler.is_compiling() and self._planned_step(group, flags, beta_max):
-                continue
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            momentum_buffer_list: list[Tensor | None] = []
-            state_steps: list[Tensor] = []
-            self._init_group(group, params, grads, momentum_buffer_list, state_steps)
-            if not params:
-                _distributed.join_empty(self, group)
-                continue
+        return [self._resolve_beta_max(i, group) for i, group in enumerate(self.param_groups)]
 
-            path = self._path(group, params, grads)
-            process_group = _distributed.scope_group(self, group, grads)
-            if (
-                path == "triton"
-                and torch.compiler.is_compiling()
-                and all(b is not None for b in momentum_buffer_list)
-                and _fused_ops.layers_op_applies(group, params, process_group)
-            ):  # one graph node, which stores the betas itself
-                ratio = self._lr_ratio(group, params)
-                h = _group_hyper(group, hyper_lr(group["lr"], path), beta_max, ratio)
-                bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
-                t = SGDTensors(params, grads, bufs, state_steps)
-                betas_state = [self.state[p]["beta"] for p in params]
-                amp = Scaler(grad_scale, found_inf)
-                _fused_ops.triton_amsgd_layers_traced(t, h, amp, betas_state)
-                self._remember_lr(group, params, found_inf)
-                continue
-            betas = amsgd(
-                params,
-                grads,
-                momentum_buffer_list,
-                state_steps,
-                foreach=path == "foreach",
-                fused=path in ("fused", "triton"),
-                grad_scale=grad_scale,
-                found_inf=found_inf,
-                lr=step_lr(group["lr"]),
-                lam=group["lam"],
-                beta_max=beta_max,
-                weight_decay=group["weight_decay"],
-                per_layer=group["per_layer"],
-                variant=group["variant"],
-                beta_min=group["beta_min"],
-                theta=group["theta"],
-                beta_high=group["beta_high"],
-                beta_low=group["beta_low"],
-                maximize=group["maximize"],
-                process_group=process_group,
-                lr_ratio=self._lr_ratio(group, params),
-            )
-            self._remember_lr(group, params, found_inf)
-
-            for p, buf in zip(params, momentum_buffer_list, strict=True):
-                self.state[p]["momentum_buffer"] = buf
-            self._store_state(group, params, [("beta", betas, InfSkip(found_inf, ()))])
-            if path == "triton":
-                bufs: list[Tensor] = momentum_buffer_list  # type: ignore[assignment]
-                _distributed.keep_group_plan(
-                    self, "sgd", group, flags, params, grads, [bufs], process_group
-                )
-        return loss
-
-    def _planned_step(self, group: dict[str, Any], flags: tuple, beta_max: float) -> bool:
-        """The group's step on its Triton plan, if it has one that still applies."""
-        plan, grads = self._group_plan(group, flags)
-        if plan is None:
-            return False
-        # the group's "prev_lr" is one tensor, held by every stepped parameter since the
-        # step that made the plan: one of them stands for all
-        stepped = [next(p for p in group["params"] if p in self.state)]
-        h = _group_hyper(group, as_float(group["lr"]), beta_max, self._lr_ratio(group, stepped))
-        t = SGDTensors(plan.local_params, grads, *plan.tensors, [])
-        amp = Scaler(*(None if a is None else a.reshape(()) for a in self._amp()))
-        triton_module().triton_amsgd(t, h, amp, plan=plan.plan, state=plan.state, sync=plan.sync)
-        self._remember_lr(group, stepped, amp.found_inf)
-        return True
+    def _hyper(self, group: dict[str, Any], lr: Any, beta_max: float, lr_ratio: Any) -> SGDHyper:
+        return _group_hyper(group, lr, beta_max, lr_ratio)
 
 
 # --------------------------------------------------------------------------- functional
@@ -631,77 +529,23 @@ def amsgd(
         beta_high=beta_high,
         beta_low=beta_low,
     )
-    caller_buffers, caller_params = momentum_buffer_list, params
-    params, grads, momentum_buffer_list, sync = _distributed.localize(
-        params, grads, momentum_buffer_list, per_layer=per_layer, process_group=process_group
-    )
-    path, reason = default_path(params, grads, fused=fused, foreach=foreach)
-    if reason is not None:
-        warn_path_fallback(reason, _FUNCTIONAL_WARNED)
-    compiling = torch.compiler.is_compiling()
-    if path == "triton" and sync is not None and compiling:  # no collective inside the op
-        path = "foreach"
-    ratio = hyper_ratio(lr_ratio, lr, path)
-    h = SGDHyper(hyper_lr(lr, path), weight_decay, maximize, config, ratio)
+
+    def hyper(path: str) -> SGDHyper:
+        ratio = hyper_ratio(lr_ratio, lr, path)
+        return SGDHyper(hyper_lr(lr, path), weight_decay, maximize, config, ratio)
+
     t = SGDTensors(params, grads, momentum_buffer_list, state_steps)
     amp = Scaler(grad_scale, found_inf)
-    if path == "triton":  # the Triton kernels unscale and skip themselves
-        if compiling and all(b is not None for b in momentum_buffer_list):  # one graph node
-            betas = _fused_ops.triton_amsgd_traced(t, h, amp)
-        else:
-            betas = triton_module().triton_amsgd(t, h, amp, sync=sync)
-    elif path == "fused":  # so do the C kernels
-        traced = sync is None and compiling
-        if traced and all(b is not None for b in momentum_buffer_list):  # one graph node
-            betas = _fused_ops.fused_amsgd_traced(t, h, amp)
-        else:
-            betas = _fused_amsgd(t, h, amp, sync)
-    else:
-        # compiled, foreach=True traces the single-tensor form (as AMAdamW does)
-        foreach = path == "foreach" and not compiling
-        func = _multi_tensor_amsgd if foreach else _single_tensor_amsgd
-        betas = _amp_amsgd(func, t, h, amp, sync)
-    _distributed.store_new_states(caller_buffers, momentum_buffer_list, caller_params)
-    return betas
-
-
-_FUNCTIONAL_WARNED: set[str] = set()
-
-
-def _amp_amsgd(
-    func: Callable[..., list[Tensor]],
-    t: SGDTensors,
-    h: SGDHyper,
-    amp: Scaler,
-    sync: _distributed.ScopeSync | None,
-) -> list[Tensor]:
-    """Run ``func`` on the unscaled gradients, undoing it where ``found_inf`` is set."""
-    t = t._replace(grads=unscale(t.grads, amp.grad_scale))
-    skip = InfSkip(amp.found_inf, [*t.params, *t.momentum_buffer_list])
-    before = list(t.momentum_buffer_list)
-    betas = func(t, h, sync)
-    created = [b for b, old in zip(t.momentum_buffer_list, before, strict=True) if b is not old]
-    skip.restore(t.state_steps, created=created)
-    return betas
-
-
-def _fused_amsgd(
-    t: SGDTensors, h: SGDHyper, amp: Scaler, sync: _distributed.ScopeSync | None
-) -> list[Tensor]:
-    """The fused C kernels; the foreach path where they cannot run (with a warning)."""
-    out = _fused.eagerly(_fused.fused_amsgd, t, h, amp, sync)
-    if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
-        return [_skipped_beta(t.params)] * len(t.params)
-    if isinstance(out, str):
-        warn_fallback(out)
-        return _amp_amsgd(_multi_tensor_amsgd, t, h, amp, sync)
-    return out
-
-
-def _skipped_beta(params: list[Tensor]) -> Tensor:
-    """The beta reported for a skipped step (discarded by the optimizers' found_inf blend)."""
-    dtype = accumulation_dtype([real_dtype(p) for p in params])
-    return torch.zeros((), dtype=dtype, device=params[0].device)
+    return functional(
+        _PATHS,
+        t,
+        hyper,
+        amp,
+        fused=fused,
+        foreach=foreach,
+        per_layer=per_layer,
+        process_group=process_group,
+    )
 
 
 def _single_tensor_amsgd(
@@ -816,14 +660,7 @@ def _multi_tensor_amsgd(
     for (dev_params_, dev_grads_, dev_bufs_, dev_steps_), indices in grouped.values():
         dev_params = list(dev_params_)
         dev_bufs = list(dev_bufs_)
-        if maximize:
-            dev_grads = list(torch._foreach_neg(dev_grads_))
-            if weight_decay != 0:
-                torch._foreach_add_(dev_grads, dev_params, alpha=weight_decay)
-        elif weight_decay != 0:
-            dev_grads = list(torch._foreach_add(dev_grads_, dev_params, alpha=weight_decay))
-        else:
-            dev_grads = list(dev_grads_)
+        dev_grads = foreach_grads(dev_grads_, dev_params, maximize, weight_decay)
         for k, buf in enumerate(dev_bufs):
             if buf is None:
                 buf = torch.clone(dev_grads[k]).detach()
@@ -932,4 +769,5 @@ def _multi_tensor_amsgd(
     return betas
 
 
-_fused_ops.register_driver("fused_amsgd", _fused_amsgd)
+_PATHS = family_paths(_fused_ops.SGD, sys.modules[__name__], "sgd")
+AMSGD._paths = _PATHS

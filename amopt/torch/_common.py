@@ -352,6 +352,21 @@ def _foreach_powsum(
     return list(norms) if order == 1 else list(torch._foreach_pow(norms, order))
 
 
+def foreach_grads(
+    grads: Sequence[Tensor], params: Sequence[Tensor], maximize: bool, l2: float
+) -> list[Tensor]:
+    """The gradients a foreach step reads, ``-g`` when maximising plus ``l2 x``: new
+    tensors where they differ from ``grads`` (which are left alone)."""
+    if maximize:
+        out = list(torch._foreach_neg(grads))
+        if l2 != 0:
+            torch._foreach_add_(out, params, alpha=l2)
+        return out
+    if l2 != 0:
+        return list(torch._foreach_add(grads, params, alpha=l2))
+    return list(grads)
+
+
 def foreach_sqsum(tensors: Sequence[Tensor], acc: torch.dtype) -> list[Tensor]:
     """``[sum(t * t) for t in tensors]`` with one multi-tensor kernel, in ``acc``.
 

@@ -15,7 +15,8 @@ kernels cannot run the operators take the foreach path, as the eager step does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -51,27 +52,34 @@ _DRIVERS: dict[str, Callable[..., Any]] = {}
 _LIB = torch.library.Library("amopt", "FRAGMENT")
 
 
-def _operator(
-    name: str, mutates_args: tuple[str, ...], dispatch_key: str
-) -> Callable[[Callable[..., Any]], Any]:
-    """Define ``amopt::<name>`` from a typed function (its schema as ``custom_op``
-    infers it) with that function as its ``dispatch_key`` kernel; the operator's
-    ``OpOverload`` stands for the function. The drivers the kernels call increment the
-    autograd version counters of the tensors their kernels write, in one call, as
-    torch's in-place operators do.
+class Family(NamedTuple):
+    """What the operators of an optimizer family take and give: the rest follows.
+
+    An operator's arguments are the family's tensor lists (``tensors``' fields, those in
+    ``mutated`` written in place), ``grad_scale, found_inf``, (Triton: ``lr_tensor``),
+    ``prev_lr_tensor``, ``numbers`` (``lr, lr_ratio``, the hyper-parameters named in
+    ``numbers``, the rule's options of ``RULE_FIELDS``), the string ``options``,
+    ``maximize``, ``per_layer`` and ``variant``. It returns the beta applied to each
+    parameter, stacked, and with ``products`` the new entries of that list too.
     """
 
-    def define(fn: Callable[..., Any]) -> Any:
-        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
-        _LIB.impl(name, fn, dispatch_key)
-        return getattr(torch.ops.amopt, name).default
+    name: str
+    tensors: type
+    mutated: tuple[str, ...]
+    hyper: type
+    numbers: tuple[str, ...]
+    options: tuple[str, ...] = ()
+    products: str | None = None
 
-    return define
 
-
-def _fake(name: str) -> Callable[[Callable[..., Any]], Any]:
-    """Register the function as the fake (meta) implementation of ``amopt::<name>``."""
-    return torch.library.register_fake(f"amopt::{name}", lib=_LIB)
+SGD = Family(
+    "amsgd", SGDTensors, ("params", "momentum_buffer_list", "state_steps"), SGDHyper,
+    ("weight_decay",),
+)  # fmt: skip
+ADAM = Family(
+    "am_adamw", AdamTensors, ("params", "exp_avgs", "exp_avg_sqs", "state_steps"), AdamHyper,
+    ("beta2", "eps", "weight_decay"), ("weight_decay_mode",), "beta1_prods",
+)  # fmt: skip
 
 
 def register_driver(name: str, driver: Callable[..., Any]) -> None:
@@ -83,22 +91,6 @@ def _triton() -> Any:
     from amopt.torch import _triton  # imported when a Triton step runs (needs no triton)
 
     return _triton
-
-
-# The operators take the hyper-parameters as plain values: ``numbers`` holds ``lr``,
-# ``lr_ratio``, (AM-AdamW: ``beta2, eps``), ``weight_decay`` and the rule's options
-# (RULE_FIELDS); a tensor ``lr`` travels as ``lr_tensor`` (0.0 in ``numbers``) and with it
-# the previous lr as ``prev_lr_tensor`` (the optimizers' ``_lr_ratio``), both read when
-# the step runs, where r is formed from them: no node of the graph.
-
-
-def _adam_numbers(h: AdamHyper, lr: float, ratio: float) -> list[float]:
-    numbers = [float(h.beta2), float(h.eps), float(h.weight_decay), *rule_numbers(h.config)]
-    return [lr, ratio, *numbers]
-
-
-def _sgd_numbers(h: SGDHyper, lr: float, ratio: float) -> list[float]:
-    return [lr, ratio, float(h.weight_decay), *rule_numbers(h.config)]
 
 
 def _host_lr(lr: Tensor) -> float:
@@ -116,211 +108,158 @@ def _host_lr(lr: Tensor) -> float:
     return float(lr)
 
 
-def _adam_hyper(
-    numbers: list[float],
-    lr_tensor: Tensor | None,
-    weight_decay_mode: str,
-    maximize: bool,
-    per_layer: bool,
-    variant: str | None,
-    prev_lr_tensor: Tensor | None = None,
-) -> AdamHyper:
-    lr, ratio, beta2, eps, weight_decay, *rule = numbers
-    if lr_tensor is not None:
-        lr = _host_lr(lr_tensor)
-    if prev_lr_tensor is not None:  # r of the previous lr and this one, read now
-        ratio = _rule.lr_ratio(_host_lr(prev_lr_tensor), lr)
-    config = rule_config_from(rule, per_layer, variant)
-    return AdamHyper(lr, beta2, eps, weight_decay, weight_decay_mode, maximize, config, ratio)
+def hyper(family: Family, numbers: list[float], lr_tensor: Tensor | None, *flags: Any) -> Any:
+    """The hyper-parameters record of ``family`` from an operator's arguments.
 
-
-def _sgd_hyper(
-    numbers: list[float],
-    lr_tensor: Tensor | None,
-    maximize: bool,
-    per_layer: bool,
-    variant: str | None,
-    prev_lr_tensor: Tensor | None = None,
-) -> SGDHyper:
-    lr, ratio, weight_decay, *rule = numbers
-    if lr_tensor is not None:
-        lr = _host_lr(lr_tensor)
-    if prev_lr_tensor is not None:  # r of the previous lr and this one, read now
-        ratio = _rule.lr_ratio(_host_lr(prev_lr_tensor), lr)
-    config = rule_config_from(rule, per_layer, variant)
-    return SGDHyper(lr, weight_decay, maximize, config, ratio)
-
-
-@_operator(
-    "fused_am_adamw_",
-    ("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
-    "CPU",
-)
-def _fused_am_adamw_op(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    prev_lr_tensor: Tensor | None,
-    numbers: list[float],
-    weight_decay_mode: str,
-    maximize: bool,
-    per_layer: bool,
-    variant: str | None,
-) -> tuple[Tensor, Tensor]:
-    """One fused AM-AdamW step; per parameter the beta applied and its scope's product.
-
-    ``numbers``: ``lr, lr_ratio, beta2, eps, weight_decay`` and the rule's ``lam,
-    beta_max, beta_min, theta, beta_high, beta_low``.
+    ``flags``: the family's string options, ``maximize, per_layer, variant`` and, last,
+    an optional ``prev_lr_tensor``. A tensor ``lr`` (``lr_tensor``) and the previous lr
+    are read now, and r formed from them.
     """
-    h = _adam_hyper(numbers, None, weight_decay_mode, maximize, per_layer, variant, prev_lr_tensor)
-    t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    betas, prods = _DRIVERS["fused_am_adamw"](t, h, Scaler(grad_scale, found_inf), None)
-    dtype = _dtype(params)
-    return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
+    k = len(family.options)
+    options, (maximize, per_layer, variant, *rest) = flags[:k], flags[k:]
+    lr, ratio, *values = numbers
+    if lr_tensor is not None:
+        lr = _host_lr(lr_tensor)
+    if rest and rest[0] is not None:  # r of the previous lr and this one, read now
+        ratio = _rule.lr_ratio(_host_lr(rest[0]), lr)
+    n = len(family.numbers)
+    config = rule_config_from(values[n:], per_layer, variant)
+    return family.hyper(
+        lr=lr,
+        maximize=maximize,
+        config=config,
+        lr_ratio=ratio,
+        **dict(zip(family.numbers, values[:n], strict=True)),
+        **dict(zip(family.options, options, strict=True)),
+    )
+
+
+_sgd_hyper = partial(hyper, SGD)
+_adam_hyper = partial(hyper, ADAM)
 
 
 def _dtype(params: list[Tensor]) -> torch.dtype:
     return accumulation_dtype([real_dtype(p) for p in params])
 
 
-@_operator(
-    "fused_amsgd_",
-    ("params", "momentum_buffer_list", "state_steps"),
-    "CPU",
-)
-def _fused_amsgd_op(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor],
-    state_steps: list[Tensor],
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    prev_lr_tensor: Tensor | None,
-    numbers: list[float],
-    maximize: bool,
-    per_layer: bool,
-    variant: str | None,
-) -> Tensor:
-    """One fused AMSGD step; per parameter the beta applied.
+def _store(olds: list[Tensor], news: list[Tensor], found_inf: Tensor | None) -> None:
+    """``olds[i] <- news[i]`` in one multi-tensor copy; kept where ``found_inf`` is nonzero."""
+    if found_inf is not None:
+        keep = found_inf.reshape(()) != 0
+        news = [new.to(old.dtype) for old, new in zip(olds, news, strict=True)]
+        news = where_skipped(lambda device: keep.to(device), olds, news)
+    torch._foreach_copy_(olds, news)
 
-    ``numbers``: ``lr, lr_ratio, weight_decay`` and the rule's ``lam, beta_max, beta_min,
-    theta, beta_high, beta_low``. Every momentum buffer exists (the optimizer makes it
-    ``d = g`` before the first step).
+
+def _schema(family: Family, lr_tensor: bool, layers: bool) -> str:
+    """The operator's schema (as ``torch.library.infer_schema`` writes it)."""
+    lists = [*family.tensors._fields, *(["betas"] if layers else [])]
+    written = {*family.mutated, *((family.products, "betas") if layers else ())}
+    args = [
+        f"Tensor(a{i}!)[] {f}" if f in written else f"Tensor[] {f}" for i, f in enumerate(lists)
+    ]
+    args += ["Tensor? grad_scale", "Tensor? found_inf"]
+    args += ["Tensor? lr_tensor"] if lr_tensor else []
+    args += ["Tensor? prev_lr_tensor", "float[] numbers", *(f"str {o}" for o in family.options)]
+    args += ["bool maximize", *([] if layers else ["bool per_layer"]), "str? variant"]
+    out = "()" if layers else "(Tensor, Tensor)" if family.products else "Tensor"
+    return f"({', '.join(args)}) -> {out}"
+
+
+#: The traced wrappers of the operators, by family name, kind and ``layers``.
+_TRACED: dict[tuple[str, str, bool], Callable[..., Any]] = {}
+
+
+def traced(family: Family, kind: str, layers: bool = False) -> Callable[..., Any]:
+    """The function a step calls to run ``family``'s ``kind`` operator (:func:`_step_operator`)."""
+    return _TRACED[family.name, kind, layers]
+
+
+def _step_operator(family: Family, kind: str, layers: bool = False) -> tuple[Any, Any]:
+    """Define ``amopt::<kind>_<family>_`` (``..._layers_`` with ``layers``): one step of
+    the fused CPU kernels (``kind="fused"``, the driver given by ``register_driver``) or
+    of the Triton ones (``"triton"``), as an operator with its fake implementation.
+
+    A ``*_layers_`` operator takes a per-layer scope and stores each parameter's beta into
+    the 0-d tensors of its extra list ``betas`` (the old one kept on a skipped step) and
+    the products into theirs, returning nothing: returned, they would leave the graph one
+    output per parameter to unbind and copy back.
+
+    Returns the operator (its ``OpOverload``) and the function a step calls to run it,
+    ``traced(t, h, amp)`` (``traced(t, h, amp, betas)`` for ``layers``), which returns
+    what the driver does.
     """
-    h = _sgd_hyper(numbers, None, maximize, per_layer, variant, prev_lr_tensor)
-    t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
-    betas = _DRIVERS["fused_amsgd"](t, h, Scaler(grad_scale, found_inf), None)
-    return torch.stack(betas).to(_dtype(params))
+    name = f"{kind}_{family.name}{'_layers' if layers else ''}_"
+    lr_tensor = kind == "triton"  # the fused CPU operators take lr as a number
+    n_lists = len(family.tensors._fields)
+    k = len(family.options)
+
+    def kernel(*args: Any) -> Any:
+        lists, rest = [list(a) for a in args[: n_lists + layers]], list(args[n_lists + layers :])
+        grad_scale, found_inf, *rest = rest
+        lr_t = rest.pop(0) if lr_tensor else None
+        prev_lr_tensor, numbers, *flags = rest
+        if layers:  # a per-layer scope by construction
+            flags.insert(k + 1, True)
+        h = hyper(family, numbers, lr_t, *flags, prev_lr_tensor)
+        t = family.tensors(*lists[:n_lists])
+        amp = Scaler(grad_scale, found_inf)
+        if kind == "fused":
+            out = _DRIVERS[f"fused_{family.name}"](t, h, amp, None)
+        else:
+            out = getattr(_triton(), f"triton_{family.name}")(t, h, amp)
+        betas, prods = out if family.products else (out, None)
+        if layers:
+            _store(lists[n_lists], betas, found_inf)
+            if family.products:  # the driver keeps the old ones on a skipped step
+                _store(getattr(t, family.products), prods, None)
+            return None
+        dtype = _dtype(lists[0])
+        if family.products:
+            return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
+        return torch.stack(betas).to(dtype)
+
+    def fake(params: list[Tensor], *args: Any) -> Any:
+        if layers:
+            return None
+        n, dtype = len(params), _dtype(params)
+        if family.products:
+            return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
+        return params[0].new_empty((n,), dtype=dtype)
+
+    _LIB.define(name + _schema(family, lr_tensor, layers))
+    _LIB.impl(name, kernel, "CPU" if kind == "fused" else "CompositeExplicitAutograd")
+    torch.library.register_fake(f"amopt::{name}", lib=_LIB)(fake)
+    op = getattr(torch.ops.amopt, name).default
+
+    def traced(t: Any, h: Any, amp: Scaler, betas: list[Tensor] | None = None) -> Any:
+        c: Any = h.config
+        lr_t, prev_lr_tensor, numbers = _rates(h, family, lr_as_tensor=lr_tensor)
+        args: list[Any] = [list(ts) for ts in t]
+        if layers:
+            args.append(list(betas))  # type: ignore[arg-type]
+        args += [amp.grad_scale, amp.found_inf, *([lr_t] if lr_tensor else [])]
+        args += [prev_lr_tensor, numbers, *[getattr(h, o) for o in family.options]]
+        args += [bool(h.maximize), *([] if layers else [bool(c.per_layer)]), c.variant]
+        out = op(*args)
+        if layers:
+            return None
+        if family.products:
+            return list(out[0].unbind()), list(out[1].unbind())
+        return list(out.unbind())
+
+    _TRACED[family.name, kind, layers] = traced
+    traced.__name__ = traced.__qualname__ = f"{name[:-1]}_traced"
+    traced.__doc__ = f"One step through ``amopt::{name}`` (what ``torch.compile`` traces)."
+    return op, traced
 
 
-@_fake("fused_amsgd_")
-def _(params, *args):  # noqa: ANN001, ANN002, ANN202
-    return params[0].new_empty((len(params),), dtype=_dtype(params))
-
-
-def fused_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
-    """The fused AMSGD step through the operator (what ``torch.compile`` traces)."""
-    c: Any = h.config
-    _, prev_lr_tensor, numbers = _rates(h, _sgd_numbers, lr_as_tensor=False)
-    betas = _fused_amsgd_op(
-        list(t.params),
-        list(t.grads),
-        list(t.momentum_buffer_list),  # type: ignore[arg-type]
-        list(t.state_steps),
-        amp.grad_scale,
-        amp.found_inf,
-        prev_lr_tensor,
-        numbers,
-        bool(h.maximize),
-        bool(c.per_layer),
-        c.variant,
-    )
-    return list(betas.unbind())
-
-
-@_fake("fused_am_adamw_")
-def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, *args):  # noqa: ANN001, ANN002, ANN202
-    n, dtype = len(params), _dtype(params)
-    return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
-
-
-def fused_am_adamw_traced(
-    t: AdamTensors, h: AdamHyper, amp: Scaler
-) -> tuple[list[Tensor], list[Tensor]]:
-    """The fused AM-AdamW step through the operator (what ``torch.compile`` traces)."""
-    c: Any = h.config
-    _, prev_lr_tensor, numbers = _rates(h, _adam_numbers, lr_as_tensor=False)
-    betas, prods = _fused_am_adamw_op(
-        list(t.params),
-        list(t.grads),
-        list(t.exp_avgs),
-        list(t.exp_avg_sqs),
-        list(t.state_steps),
-        list(t.beta1_prods),
-        amp.grad_scale,
-        amp.found_inf,
-        prev_lr_tensor,
-        numbers,
-        h.weight_decay_mode,
-        bool(h.maximize),
-        bool(c.per_layer),
-        c.variant,
-    )
-    return list(betas.unbind()), list(prods.unbind())
-
-
-# --------------------------------------------------------------------------- Triton (GPU)
-# The Triton step reads the tensors through tables of their addresses, which no
-# compiler pass can see through: registered as opaque operators (not
-# ``torch.library.triton_op``, whose kernels Inductor would take to touch only their
-# arguments, here the tables), it is one node of the graph with the mutations declared.
-
-
-@_operator(
-    "triton_am_adamw_",
-    ("params", "exp_avgs", "exp_avg_sqs", "state_steps"),
-    "CompositeExplicitAutograd",
-)
-def _triton_am_adamw_op(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    lr_tensor: Tensor | None,
-    prev_lr_tensor: Tensor | None,
-    numbers: list[float],
-    weight_decay_mode: str,
-    maximize: bool,
-    per_layer: bool,
-    variant: str | None,
-) -> tuple[Tensor, Tensor]:
-    """One Triton AM-AdamW step; per parameter the beta applied and its scope's product.
-
-    ``numbers`` as in ``amopt::fused_am_adamw_``; ``lr_tensor``, when given, is ``lr``
-    (read here, when the step runs, so that a compiled step follows a scheduler).
-    """
-    h = _adam_hyper(
-        numbers, lr_tensor, weight_decay_mode, maximize, per_layer, variant, prev_lr_tensor
-    )
-    t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    betas, prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
-    dtype = _dtype(params)
-    return torch.stack(betas).to(dtype), torch.stack(prods).to(dtype)
-
-
-@_fake("triton_am_adamw_")
-def _(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods, *args):  # noqa: ANN001, ANN002, ANN202
-    n, dtype = len(params), _dtype(params)
-    return params[0].new_empty((n,), dtype=dtype), params[0].new_empty((n,), dtype=dtype)
+# The operators take the hyper-parameters as plain values: ``numbers`` holds ``lr``,
+# ``lr_ratio``, the family's numbers (AMSGD: ``weight_decay``; AM-AdamW: ``beta2, eps,
+# weight_decay``) and the rule's options (RULE_FIELDS); a tensor ``lr`` travels as
+# ``lr_tensor`` (0.0 in ``numbers``) and with it the previous lr as ``prev_lr_tensor``
+# (the optimizers' ``_lr_ratio``), both read when the step runs, where r is formed from
+# them: no node of the graph.
 
 
 def _lr(lr: Any) -> tuple[Tensor | None, float]:
@@ -331,14 +270,15 @@ def _lr(lr: Any) -> tuple[Tensor | None, float]:
 
 
 def _rates(
-    h: Any, numbers_of: Callable[..., list[float]], *, lr_as_tensor: bool = True
+    h: Any, family: Family, *, lr_as_tensor: bool = True
 ) -> tuple[Tensor | None, Tensor | None, list[float]]:
     """``lr_tensor, prev_lr_tensor, numbers`` of an operator's call: a tensor ``lr`` as a
     tensor where the operator takes one (the Triton ones; the fused CPU ones take it as a
-    number), the previous lr's tensor (:func:`_prev_lr`), and ``numbers_of(h, lr, r)``."""
+    number), the previous lr's tensor (:func:`_prev_lr`), and the numbers."""
     lr_tensor, lr = _lr(h.lr) if lr_as_tensor else (None, float(h.lr))
     prev_lr_tensor, ratio = _prev_lr(h.lr_ratio)
-    return lr_tensor, prev_lr_tensor, numbers_of(h, lr, ratio)
+    values = [float(getattr(h, f)) for f in family.numbers]
+    return lr_tensor, prev_lr_tensor, [lr, ratio, *values, *rule_numbers(h.config)]
 
 
 def _prev_lr(ratio: Any) -> tuple[Tensor | None, float]:
@@ -349,90 +289,16 @@ def _prev_lr(ratio: Any) -> tuple[Tensor | None, float]:
     return None, float(ratio)
 
 
-def triton_am_adamw_traced(
-    t: AdamTensors, h: AdamHyper, amp: Scaler
-) -> tuple[list[Tensor], list[Tensor]]:
-    """The Triton AM-AdamW step through the operator (what ``torch.compile`` traces)."""
-    c: Any = h.config
-    lr_tensor, prev_lr_tensor, numbers = _rates(h, _adam_numbers)
-    betas, prods = _triton_am_adamw_op(
-        list(t.params),
-        list(t.grads),
-        list(t.exp_avgs),
-        list(t.exp_avg_sqs),
-        list(t.state_steps),
-        list(t.beta1_prods),
-        amp.grad_scale,
-        amp.found_inf,
-        lr_tensor,
-        prev_lr_tensor,
-        numbers,
-        h.weight_decay_mode,
-        bool(h.maximize),
-        bool(c.per_layer),
-        c.variant,
-    )
-    return list(betas.unbind()), list(prods.unbind())
-
-
-@_operator(
-    "triton_amsgd_",
-    ("params", "momentum_buffer_list", "state_steps"),
-    "CompositeExplicitAutograd",
-)
-def _triton_amsgd_op(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor],
-    state_steps: list[Tensor],
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    lr_tensor: Tensor | None,
-    prev_lr_tensor: Tensor | None,
-    numbers: list[float],
-    maximize: bool,
-    per_layer: bool,
-    variant: str | None,
-) -> Tensor:
-    """One Triton AMSGD step; per parameter the beta applied (``numbers`` as in
-    ``amopt::fused_amsgd_``, ``lr_tensor`` as in ``amopt::triton_am_adamw_``). Every
-    momentum buffer exists."""
-    h = _sgd_hyper(numbers, lr_tensor, maximize, per_layer, variant, prev_lr_tensor)
-    t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
-    betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
-    return torch.stack(betas).to(_dtype(params))
-
-
-@_fake("triton_amsgd_")
-def _(params, *args):  # noqa: ANN001, ANN002, ANN202
-    return params[0].new_empty((len(params),), dtype=_dtype(params))
-
-
-def triton_amsgd_traced(t: SGDTensors, h: SGDHyper, amp: Scaler) -> list[Tensor]:
-    """The Triton AMSGD step through the operator (what ``torch.compile`` traces)."""
-    c: Any = h.config
-    lr_tensor, prev_lr_tensor, numbers = _rates(h, _sgd_numbers)
-    betas = _triton_amsgd_op(
-        list(t.params),
-        list(t.grads),
-        list(t.momentum_buffer_list),  # type: ignore[arg-type]
-        list(t.state_steps),
-        amp.grad_scale,
-        amp.found_inf,
-        lr_tensor,
-        prev_lr_tensor,
-        numbers,
-        bool(h.maximize),
-        bool(c.per_layer),
-        c.variant,
-    )
-    return list(betas.unbind())
-
-
-# --------------------------------------------------------------------------- Triton, per layer
-# A compiled per-layer step writes each parameter's beta (and AM-AdamW's product) into
-# the optimizer's state entries inside the operator: an operator returning them would
-# leave the graph one output per parameter to unbind and copy back.
+_fused_amsgd_op, fused_amsgd_traced = _step_operator(SGD, "fused")
+_fused_am_adamw_op, fused_am_adamw_traced = _step_operator(ADAM, "fused")
+# The Triton step reads the tensors through tables of their addresses, which no compiler
+# pass can see through: registered as opaque operators (not ``torch.library.triton_op``,
+# whose kernels Inductor would take to touch only their arguments, here the tables), it is
+# one node of the graph with the mutations declared.
+_triton_amsgd_op, triton_amsgd_traced = _step_operator(SGD, "triton")
+_triton_am_adamw_op, triton_am_adamw_traced = _step_operator(ADAM, "triton")
+_triton_amsgd_layers_op, triton_amsgd_layers_traced = _step_operator(SGD, "triton", True)
+_triton_am_adamw_layers_op, triton_am_adamw_layers_traced = _step_operator(ADAM, "triton", True)
 
 
 def layers_op_applies(group: dict[str, Any], params: list[Tensor], process_group: Any) -> bool:
@@ -445,130 +311,3 @@ def layers_op_applies(group: dict[str, Any], params: list[Tensor], process_group
     except ImportError:  # pragma: no cover - builds without torch.distributed
         return True
     return not any(isinstance(p, DTensor) for p in params)
-
-
-def _store(olds: list[Tensor], news: list[Tensor], found_inf: Tensor | None) -> None:
-    """``olds[i] <- news[i]`` in one multi-tensor copy; kept where ``found_inf`` is nonzero."""
-    if found_inf is not None:
-        keep = found_inf.reshape(()) != 0
-        news = [new.to(old.dtype) for old, new in zip(olds, news, strict=True)]
-        news = where_skipped(lambda device: keep.to(device), olds, news)
-    torch._foreach_copy_(olds, news)
-
-
-@_operator(
-    "triton_am_adamw_layers_",
-    ("params", "exp_avgs", "exp_avg_sqs", "state_steps", "beta1_prods", "betas"),
-    "CompositeExplicitAutograd",
-)
-def _triton_am_adamw_layers_op(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    beta1_prods: list[Tensor],
-    betas: list[Tensor],
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    lr_tensor: Tensor | None,
-    prev_lr_tensor: Tensor | None,
-    numbers: list[float],
-    weight_decay_mode: str,
-    maximize: bool,
-    variant: str | None,
-) -> None:
-    """``amopt::triton_am_adamw_`` with a per-layer scope that stores, per parameter,
-    the beta applied into ``betas`` (the old one kept on a skipped step) and the new
-    product into ``beta1_prods`` (one 0-d tensor each)."""
-    h = _adam_hyper(numbers, lr_tensor, weight_decay_mode, maximize, True, variant, prev_lr_tensor)
-    t = AdamTensors(params, grads, exp_avgs, exp_avg_sqs, state_steps, beta1_prods)
-    new_betas, new_prods = _triton().triton_am_adamw(t, h, Scaler(grad_scale, found_inf))
-    _store(betas, new_betas, found_inf)
-    _store(beta1_prods, new_prods, None)  # the driver keeps the old ones on a skipped step
-
-
-@_fake("triton_am_adamw_layers_")
-def _(*args):  # noqa: ANN002, ANN202
-    return None
-
-
-def triton_am_adamw_layers_traced(
-    t: AdamTensors, h: AdamHyper, amp: Scaler, betas: list[Tensor]
-) -> None:
-    """The per-layer Triton AM-AdamW step through the operator, the betas and products
-    stored into the state tensors ``betas`` and ``t.beta1_prods``."""
-    c: Any = h.config
-    lr_tensor, prev_lr_tensor, numbers = _rates(h, _adam_numbers)
-    _triton_am_adamw_layers_op(
-        list(t.params),
-        list(t.grads),
-        list(t.exp_avgs),
-        list(t.exp_avg_sqs),
-        list(t.state_steps),
-        list(t.beta1_prods),
-        list(betas),
-        amp.grad_scale,
-        amp.found_inf,
-        lr_tensor,
-        prev_lr_tensor,
-        numbers,
-        h.weight_decay_mode,
-        bool(h.maximize),
-        c.variant,
-    )
-
-
-@_operator(
-    "triton_amsgd_layers_",
-    ("params", "momentum_buffer_list", "state_steps", "betas"),
-    "CompositeExplicitAutograd",
-)
-def _triton_amsgd_layers_op(
-    params: list[Tensor],
-    grads: list[Tensor],
-    momentum_buffer_list: list[Tensor],
-    state_steps: list[Tensor],
-    betas: list[Tensor],
-    grad_scale: Tensor | None,
-    found_inf: Tensor | None,
-    lr_tensor: Tensor | None,
-    prev_lr_tensor: Tensor | None,
-    numbers: list[float],
-    maximize: bool,
-    variant: str | None,
-) -> None:
-    """``amopt::triton_amsgd_`` with a per-layer scope that stores each parameter's beta
-    into ``betas`` (the old one kept on a skipped step). Every momentum buffer exists."""
-    h = _sgd_hyper(numbers, lr_tensor, maximize, True, variant, prev_lr_tensor)
-    t = SGDTensors(params, grads, list(momentum_buffer_list), state_steps)
-    new_betas = _triton().triton_amsgd(t, h, Scaler(grad_scale, found_inf))
-    _store(betas, new_betas, found_inf)
-
-
-@_fake("triton_amsgd_layers_")
-def _(*args):  # noqa: ANN002, ANN202
-    return None
-
-
-def triton_amsgd_layers_traced(
-    t: SGDTensors, h: SGDHyper, amp: Scaler, betas: list[Tensor]
-) -> None:
-    """The per-layer Triton AMSGD step through the operator, the betas stored into the
-    state tensors ``betas``."""
-    c: Any = h.config
-    lr_tensor, prev_lr_tensor, numbers = _rates(h, _sgd_numbers)
-    _triton_amsgd_layers_op(
-        list(t.params),
-        list(t.grads),
-        list(t.momentum_buffer_list),  # type: ignore[arg-type]
-        list(t.state_steps),
-        list(betas),
-        amp.grad_scale,
-        amp.found_inf,
-        lr_tensor,
-        prev_lr_tensor,
-        numbers,
-        bool(h.maximize),
-        c.variant,
-    )
