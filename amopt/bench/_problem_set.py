@@ -46,8 +46,6 @@ __all__ = ["MAXITER", "PROBLEMS", "RTOL", "ROWS", "METHODS", "measure_problem", 
 #: the stopping test: max|g| <= RTOL * max|g(x0)|
 RTOL = 1e-6
 MAXITER = 5_000
-#: where the LIBSVM files beyond the bundled ones are looked for
-LIBSVM_DIRS = ("/work/shared/data/libsvm",)
 #: the LIBSVM sets of the problem set, when their files are there (a few seconds each)
 LIBSVM_SETS = ("a9a", "w8a")
 
@@ -113,7 +111,12 @@ def _nonconvex() -> tuple[Any, np.ndarray]:
 
 
 def _libsvm_file(name: str) -> str | None:
-    for d in (os.environ.get("AMOPT_LIBSVM_DIR"), *LIBSVM_DIRS):
+    """The LIBSVM file ``name`` in ``$AMOPT_LIBSVM_DIR``, else in the data folder's
+    ``libsvm/`` (:func:`amopt.datasets.get_data_home`: ``$AMOPT_DATA_DIR``, else the
+    user cache directory); None when absent (nothing is downloaded here)."""
+    from amopt.datasets import get_data_home
+
+    for d in (os.environ.get("AMOPT_LIBSVM_DIR"), str(get_data_home() / "libsvm")):
         if d and (Path(d) / name).is_file():
             return str(Path(d) / name)
     return None
