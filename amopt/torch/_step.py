@@ -26,8 +26,8 @@ from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
     Scaler,
-    accumulation_dtype,
     as_float,
+    compute_dtype,
     default_path,
     hyper_lr,
     hyper_ratio,
@@ -113,7 +113,7 @@ def fused_step(paths: Paths, t: Any, h: Any, amp: Scaler, sync: Any) -> Any:
     family = paths.family
     out = _fused.eagerly(getattr(_fused, f"fused_{family.name}"), t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
-        dtype = accumulation_dtype([real_dtype(p) for p in t.params])
+        dtype = compute_dtype([real_dtype(p) for p in t.params])
         skipped = [torch.zeros((), dtype=dtype, device=t.params[0].device)] * len(t.params)
         return (skipped, list(getattr(t, family.products))) if family.products else skipped
     if isinstance(out, str):
