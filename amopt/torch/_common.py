@@ -966,26 +966,9 @@ class AMOptimizerBase(Optimizer):
             return None, None
         return plan, grads
 
-    def _keep_group_plan(
-        self,
-        kind: str,
-        group: dict[str, Any],
-        flags: tuple,
-        params: list[Tensor],
-        grads: list[Tensor],
-        buffers: list[list[Tensor]],
-        sharded: Sharded | None = None,
-    ) -> None:
-        """After a Triton step of a group: plan its next steps (see
-        ``amopt.torch._triton.group_plan``), moving its 0-d state into group tensors.
-
-        ``sharded``: for a sharded group, its local tensors and how later steps find
-        them (``amopt.torch._distributed.plan_locals``).
-        """
-        if torch.compiler.is_compiling():
-            return
-        mod = triton_module()
-        plan = mod.group_plan(kind, self.state, group, flags, params, grads, buffers, sharded)
+    def _keep_group_plan(self, group: dict[str, Any], plan: Any) -> None:
+        """Keep ``plan`` (``None``: none) for the coming steps of ``group``, which
+        :meth:`_group_plan` finds."""
         if plan is not None:
             self.__dict__.setdefault("_am_plans", {})[id(group)] = plan
 

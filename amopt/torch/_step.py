@@ -269,11 +269,26 @@ class StepTemplate(AMOptimizerBase):
                 entries.append((self._product_key, prods, None))
             self._store_state(group, t.params, entries)
             if path == "triton":
-                buffers = [getattr(t, n) for n in _buffers(family)]
-                _distributed.keep_group_plan(
-                    self, paths.plan, group, flags, t.params, t.grads, buffers, process_group
-                )
+                self._plan_group(paths.plan, group, flags, t, process_group)
         return loss
+
+    def _plan_group(
+        self, kind: str, group: dict[str, Any], flags: tuple, t: Any, process_group: Any
+    ) -> None:
+        """After a Triton step of ``group`` (tensors ``t``): plan its next steps over the
+        group's local tensors (``amopt.torch._triton.group_plan``;
+        :func:`_distributed.plan_locals` for a sharded group), which moves its 0-d state
+        into group tensors. ``kind``: ``"sgd"`` or ``"adam"``."""
+        buffers = [getattr(t, n) for n in _buffers(self._paths.family)]
+        sharded = _distributed.plan_locals(
+            t.params, t.grads, buffers, per_layer=group["per_layer"], process_group=process_group
+        )
+        if torch.compiler.is_compiling():
+            return
+        plan = triton_module().group_plan(
+            kind, self.state, group, flags, t.params, t.grads, buffers, sharded
+        )
+        self._keep_group_plan(group, plan)
 
     def _planned_step(self, group: dict[str, Any], flags: tuple, value: Any) -> bool:
         """The group's step on its Triton plan, if it has one that still applies."""
