@@ -1037,7 +1037,7 @@ class GpuAdamCase:
         import torch
 
         from amopt.core.config import AMConfig
-        from amopt.torch._common import AdamHyper, AdamTensors
+        from amopt.torch._records import AdamHyper, AdamTensors
         from amopt.torch._triton import triton_am_adamw
 
         if kind not in ("am_adamw_triton", "adamw_fused"):

@@ -15,13 +15,9 @@ from amopt.core import rule as _rule
 from amopt.core.config import AMConfig, check_bool, check_choice
 from amopt.torch import _distributed, _fused_ops, _traced_ops
 from amopt.torch._common import (
-    AdamHyper,
-    AdamTensors,
     Piece,
-    Scaler,
     Scratch,
     as_float,
-    as_real,
     bias_correction_roots,
     check_beta,
     check_capturable,
@@ -32,17 +28,16 @@ from amopt.torch._common import (
     check_torch_options,
     chunk_elements,
     chunks,
-    compute_dtype,
     foreach_grads,
     hyper_lr,
     hyper_ratio,
     new_step,
-    real_dtype,
     rule_by_rows,
     rule_config,
     store_betas,
     total,
 )
+from amopt.torch._records import AdamHyper, AdamTensors, Scaler, as_real, compute_dtype, real_dtype
 from amopt.torch._step import StepTemplate, family_paths, functional, fused_step
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]

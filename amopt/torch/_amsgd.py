@@ -13,29 +13,31 @@ from amopt.core import rule as _rule
 from amopt.core.config import AMConfig, check_interval
 from amopt.torch import _distributed, _fused_ops, _traced_ops
 from amopt.torch._common import (
-    Scaler,
-    SGDHyper,
-    SGDTensors,
-    as_real,
     cast,
     check_fused_device,
     check_group_flags,
     check_lr,
     check_torch_options,
-    compute_dtype,
     foreach_grads,
     foreach_sqsum,
     hyper_lr,
     hyper_ratio,
     new_step,
-    real_dtype,
     rule_by_rows,
     rule_config,
-    scope_sums,
     sqsum,
     torch_worded,
     total,
     unscale,
+)
+from amopt.torch._records import (
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+    as_real,
+    compute_dtype,
+    real_dtype,
+    scope_sums,
     wide_dtype,
 )
 from amopt.torch._step import StepTemplate, family_paths, functional

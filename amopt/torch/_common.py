@@ -25,22 +25,12 @@ from amopt import backends
 from amopt.core import rule as _rule
 from amopt.core.config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
 from amopt.torch import _eager, _fused, _traced_ops
-from amopt.torch._records import (  # noqa: F401 - the records, re-exported
-    NO_SCALER,
-    AdamHyper,
-    AdamTensors,
+from amopt.torch._records import (
     FusedFallbackWarning,
-    Scaler,
-    SGDHyper,
-    SGDTensors,
-    Sharded,
-    as_real,
     compute_dtype,
     kept_copy,
     real_dtype,
-    scope_sums,
     where_skipped,
-    wide_dtype,
 )
 
 __all__: list[str] = []

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from amopt.torch._common import as_real, foreach_sqsum
-from amopt.torch._records import Sharded
+from amopt.torch._common import foreach_sqsum
+from amopt.torch._records import Sharded, as_real
 
 __all__ = [
     "ScopeSync",

@@ -25,14 +25,11 @@ from amopt.torch import _distributed, _fused, _fused_ops
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
-    Scaler,
     as_float,
-    compute_dtype,
     default_path,
     hyper_lr,
     hyper_ratio,
     plan_flags,
-    real_dtype,
     step_lr,
     triton_module,
     unscale,
@@ -40,6 +37,7 @@ from amopt.torch._common import (
 )
 from amopt.torch._fused import warn_fallback
 from amopt.torch._fused_ops import Family
+from amopt.torch._records import Scaler, compute_dtype, real_dtype
 
 __all__ = ["Paths", "StepTemplate", "family_paths", "functional"]
 
