@@ -29,6 +29,7 @@ from amopt.torch._common import (
     chunk_elements,
     chunks,
     foreach_grads,
+    group_rule_config,
     hyper_lr,
     hyper_ratio,
     new_step,
@@ -69,9 +70,8 @@ _DEFAULTS: dict[str, Any] = {
 def _config(group: dict[str, Any], beta1: float | None = None) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value);
     ``beta1``: ``betas[0]`` already read."""
-    keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     beta1 = as_float(group["betas"][0]) if beta1 is None else beta1
-    return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
+    return group_rule_config(group, beta1)
 
 
 def _group_hyper(group: dict[str, Any], lr: Any, lr_ratio: Any = 1.0) -> AdamHyper:

@@ -20,6 +20,7 @@ from amopt.torch._common import (
     check_torch_options,
     foreach_grads,
     foreach_sqsum,
+    group_rule_config,
     hyper_lr,
     hyper_ratio,
     new_step,
@@ -69,9 +70,7 @@ _DEFAULTS: dict[str, Any] = {
 
 def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value)."""
-    keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
-    cap = group["beta_max"] if beta_max is None else beta_max
-    return rule_config(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
+    return group_rule_config(group, group["beta_max"] if beta_max is None else beta_max)
 
 
 def _group_hyper(

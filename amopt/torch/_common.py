@@ -249,6 +249,19 @@ def rule_config(**kwargs: Any) -> AMConfig:
     return AMConfig.cached(**kwargs)
 
 
+#: The rule's options a param group holds under the rule's own names (``beta_max`` is
+#: each family's: AMSGD's ``beta_max``, AMAdamW's ``betas[0]``).
+GROUP_RULE_KEYS = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
+
+
+def group_rule_config(group: dict[str, Any], beta_max: float) -> AMConfig:
+    """The rule configuration of a param group whose cap is ``beta_max`` (the torch
+    optimizers' numerator is the linearised one)."""
+    return rule_config(
+        numerator="linear", beta_max=beta_max, **{k: group[k] for k in GROUP_RULE_KEYS}
+    )
+
+
 # --------------------------------------------------------------------------- dtypes, steps
 
 
