@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from amopt.backends import library_available
 from amopt.bench import cases
 from amopt.bench._records import Measured, Row, Settings
 from amopt.bench._timing import Paired, PhaseClock, interleave, interleave_counted, timed_rounds
@@ -105,15 +106,11 @@ def require_cuda() -> Any:
 
 def require_cupy() -> Any:
     """``cupy`` with a GPU, else :class:`~amopt.bench.cases.SkipCase` ("no GPU: ...")."""
-    try:
-        import cupy
-    except ImportError as exc:
-        raise cases.SkipCase(f"no GPU: cupy is not installed ({exc})") from None
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise cases.SkipCase("no GPU: cupy sees no device")
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        raise cases.SkipCase(f"no GPU: {exc}") from None
+    # the registry probes CuPy (installed, a visible device) once per process
+    if not library_available("cupy"):
+        raise cases.SkipCase("no GPU: cupy is not installed or sees no device")
+    import cupy
+
     return cupy
 
 
@@ -1040,7 +1037,7 @@ class GpuAdamCase:
         import torch
 
         from amopt.core.config import AMConfig
-        from amopt.torch._common import AdamHyper, AdamTensors
+        from amopt.torch._records import AdamHyper, AdamTensors
         from amopt.torch._triton import triton_am_adamw
 
         if kind not in ("am_adamw_triton", "adamw_fused"):

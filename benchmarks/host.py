@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from amopt.backends import library_available
 from amopt.bench import cases
 
 if TYPE_CHECKING:
@@ -99,14 +100,15 @@ def triton_on_cpu(stub: bool = True) -> Iterator[Counter[str]]:
     SkipCase
         Triton or ``amopt.torch._triton`` cannot be imported here.
     """
-    try:
-        import triton.runtime
-
-        from amopt.torch import _triton
-    except ImportError as exc:
-        raise cases.SkipCase(f"triton is not installed ({exc})") from None
+    # whether Triton imports is the registry's answer, probed once per process
+    if not library_available("triton"):
+        raise cases.SkipCase("triton is not installed (or does not import)")
     import importlib
     import sys
+
+    import triton.runtime
+
+    from amopt.torch import _triton
 
     launches: Counter[str] = Counter()
     original_kernels = _triton._kernels

@@ -30,7 +30,7 @@ from amopt.core import rule as _rule  # noqa: E402
 from amopt.core.config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdamW, _fused  # noqa: E402
 from amopt.torch._amadamw import _fused_am_adamw  # noqa: E402
-from amopt.torch._common import (  # noqa: E402
+from amopt.torch._records import (  # noqa: E402
     AdamHyper,
     AdamTensors,
     Scaler,

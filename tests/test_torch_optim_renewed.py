@@ -27,8 +27,9 @@ co = pytest.importorskip(
 
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
-from amopt.torch._common import SGDHyper, SGDTensors, rule_config  # noqa: E402
+from amopt.torch._common import rule_config  # noqa: E402
 from amopt.torch._fused import FusedFallbackWarning, library  # noqa: E402
+from amopt.torch._records import SGDHyper, SGDTensors  # noqa: E402
 
 ERROR_TABLES = [
     (AMAdamW, "optim_error_inputs_func_adamw"),

@@ -32,7 +32,7 @@ from amopt.core import rule as _rule  # noqa: E402
 from amopt.core.config import AMConfig  # noqa: E402
 from amopt.torch import AMSGD, AMAdam, AMAdamW  # noqa: E402
 from amopt.torch import _triton as tri  # noqa: E402
-from amopt.torch._common import (  # noqa: E402
+from amopt.torch._records import (  # noqa: E402
     AdamHyper,
     AdamTensors,
     Scaler,

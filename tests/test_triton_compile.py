@@ -50,7 +50,7 @@ def _record_and_compile() -> list[dict]:
 
     from amopt.core.config import AMConfig
     from amopt.torch import _triton as tri
-    from amopt.torch._common import AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
+    from amopt.torch._records import AdamHyper, AdamTensors, Scaler, SGDHyper, SGDTensors
 
     kernels = tri._kernels(False)
     launches: dict[tuple, tuple] = {}

@@ -140,11 +140,12 @@ def get_cache_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     Parameters
     ----------
     cache_dir : path-like, optional
-        Explicit directory; wins over the environment variable.
+        Explicit directory; wins over ``AMOPT_CACHE_DIR``.
 
     Returns
     -------
     pathlib.Path
+        The cache home, not created here.
 
     Examples
     --------
@@ -169,17 +170,18 @@ def get_data_home(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     Parameters
     ----------
     cache_dir : path-like, optional
-        Explicit directory; wins over the environment variable.
+        Explicit directory; wins over ``AMOPT_DATA_DIR`` and the cache home.
 
     Returns
     -------
     pathlib.Path
+        The data home (LIBSVM files in its ``libsvm/`` subdirectory), not created here.
 
     Examples
     --------
     >>> from amopt.datasets import get_data_home
-    >>> str(get_data_home("/tmp/amopt-data"))
-    '/tmp/amopt-data'
+    >>> (get_data_home("/tmp/amopt-data") / "libsvm").as_posix()  # where LIBSVM files go
+    '/tmp/amopt-data/libsvm'
     """
     return _home(cache_dir, _ENV_VAR, get_cache_home)
 

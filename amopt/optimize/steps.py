@@ -15,6 +15,7 @@ array on its own (``per_layer=True``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -257,6 +258,22 @@ def heavy_ball_step(
     >>> x
     array([0.5])
     """
+    xs, single, gs, ds = _momentum(
+        params, grads, state, weight_decay, lambda d, g: beta * d + (1.0 - beta) * g
+    )
+    new_x = tuple(x - lr * d for x, d in zip(xs, ds, strict=True))
+    return restore(new_x, single), HeavyBallState(step=state.step + 1, d=ds)
+
+
+def _momentum(
+    params: Any,
+    grads: Any,
+    state: HeavyBallState,
+    weight_decay: float,
+    update: Callable[[Array, Array], Array],
+) -> tuple[tuple[Array, ...], bool, tuple[Array, ...], tuple[Array, ...]]:
+    """The arrays, whether one was given, the gradients with the L2 term, and the new
+    buffers of a heavy-ball step: ``d = g`` (a copy) on step 0, else ``update(d, g)``."""
     xs, single = as_tuple(params)
     gs, _ = as_tuple(grads)
     xp = array_namespace(*xs, *gs)
@@ -264,9 +281,8 @@ def heavy_ball_step(
     if state.step == 0:
         ds = tuple(_copy(xp, g) for g in gs)
     else:
-        ds = tuple(beta * d + (1.0 - beta) * g for d, g in zip(state.d, gs, strict=True))
-    new_x = tuple(x - lr * d for x, d in zip(xs, ds, strict=True))
-    return restore(new_x, single), HeavyBallState(step=state.step + 1, d=ds)
+        ds = tuple(update(d, g) for d, g in zip(state.d, gs, strict=True))
+    return xs, single, gs, ds
 
 
 # --------------------------------------------------------------------------- AM-MGD / AM-MSGD
@@ -311,14 +327,7 @@ def classical_momentum_step(
     >>> x
     array([-0.45])
     """
-    xs, single = as_tuple(params)
-    gs, _ = as_tuple(grads)
-    xp = array_namespace(*xs, *gs)
-    gs = _couple(xp, gs, xs, weight_decay)
-    if state.step == 0:
-        ds = tuple(_copy(xp, g) for g in gs)
-    else:
-        ds = tuple(beta * d + g for d, g in zip(state.d, gs, strict=True))
+    xs, single, gs, ds = _momentum(params, grads, state, weight_decay, lambda d, g: beta * d + g)
     if nesterov:
         new_x = tuple(x - lr * (g + beta * d) for x, g, d in zip(xs, gs, ds, strict=True))
     else:

@@ -15,14 +15,9 @@ from amopt.core import rule as _rule
 from amopt.core.config import AMConfig, check_bool, check_choice
 from amopt.torch import _distributed, _fused_ops, _traced_ops
 from amopt.torch._common import (
-    AdamHyper,
-    AdamTensors,
     Piece,
-    Scaler,
     Scratch,
-    accumulation_dtype,
     as_float,
-    as_real,
     bias_correction_roots,
     check_beta,
     check_capturable,
@@ -34,15 +29,16 @@ from amopt.torch._common import (
     chunk_elements,
     chunks,
     foreach_grads,
+    group_rule_config,
     hyper_lr,
     hyper_ratio,
     new_step,
-    real_dtype,
     rule_by_rows,
     rule_config,
     store_betas,
     total,
 )
+from amopt.torch._records import AdamHyper, AdamTensors, Scaler, as_real, compute_dtype, real_dtype
 from amopt.torch._step import StepTemplate, family_paths, functional, fused_step
 
 __all__ = ["AMAdam", "AMAdamW", "am_adamw"]
@@ -74,9 +70,8 @@ _DEFAULTS: dict[str, Any] = {
 def _config(group: dict[str, Any], beta1: float | None = None) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value);
     ``beta1``: ``betas[0]`` already read."""
-    keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
     beta1 = as_float(group["betas"][0]) if beta1 is None else beta1
-    return rule_config(numerator="linear", beta_max=beta1, **{k: group[k] for k in keys})
+    return group_rule_config(group, beta1)
 
 
 def _group_hyper(group: dict[str, Any], lr: Any, lr_ratio: Any = 1.0) -> AdamHyper:
@@ -211,8 +206,9 @@ class AMAdamW(StepTemplate):
     **State.** Per parameter: ``step`` (CPU counter; on the parameter's device with
     ``capturable=True``), ``exp_avg``, ``exp_avg_sq``,
     ``beta1_prod`` (:math:`\pi` of the parameter's scope) and ``beta`` (the 0-d
-    beta last applied), the last two in the accumulation dtype (float32 for
-    half-precision and float32 parameters, float64 for float64). ``state_dict()``
+    beta last applied), the last two in the compute dtype (float32 for
+    half-precision and float32 parameters, float64 for float64; the sums of squares
+    beta is formed from are float64 wherever the device has it). ``state_dict()``
     holds all of it; saving and loading mid-run continues bit-identically.
 
     **Another optimizer's state dict.** A ``torch.optim.AdamW`` (or ``Adam``) state
@@ -238,7 +234,7 @@ class AMAdamW(StepTemplate):
     State tensors are updated in place, so ``torch.compile`` of a function
     calling ``step()`` compiles once.
 
-    **Precision.** Elementwise arithmetic runs in the accumulation dtype
+    **Precision.** Elementwise arithmetic runs in the compute dtype
     (float32 for float16/bfloat16 parameters) and the state is stored in the
     parameter dtype, as ``torch.optim.AdamW`` does: float16 parameters with
     large gradients stay finite.
@@ -353,7 +349,7 @@ class AMAdamW(StepTemplate):
             for p in group["params"]:
                 state_p = self.state.get(p)
                 if state_p and "beta1_prod" not in state_p:
-                    dtype = accumulation_dtype([real_dtype(p)])
+                    dtype = compute_dtype([real_dtype(p)])
                     state_p["beta1_prod"] = torch.ones((), dtype=dtype, device=p.device)
         self._backfill_steps()
 
@@ -402,7 +398,7 @@ class AMAdamW(StepTemplate):
                 continue
             scopes = [[p] for p in members] if group["per_layer"] else [members]
             for scope in scopes:
-                dtype = accumulation_dtype([real_dtype(p) for p in scope])
+                dtype = compute_dtype([real_dtype(p) for p in scope])
                 device = scope[0].device
                 step = float(self.state[scope[0]]["step"])
                 prod = torch.tensor(beta1**step, dtype=dtype, device=device)
@@ -453,7 +449,7 @@ class AMAdamW(StepTemplate):
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group_prod is None:
-                    dtype = accumulation_dtype([real_dtype(p)])
+                    dtype = compute_dtype([real_dtype(p)])
                     state["beta1_prod"] = torch.ones((), dtype=dtype, device=p.device)
                     if not group["per_layer"]:  # one product shared by the scope
                         group_prod = state["beta1_prod"]
@@ -747,7 +743,7 @@ def _single_tensor_am_adamw(
 
     # reduce: N, D, ref of each scope, with p = c (eps + sqrt(v_hat)) of the scope's c
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
-    accs = [accumulation_dtype(gs[i].dtype for i in scope) for scope in scopes]
+    accs = [compute_dtype(gs[i].dtype for i in scope) for scope in scopes]
     # compiled: each tensor's sums go to the rule operator one by one (see rule_from_sums)
     traced = torch.compiler.is_compiling() and sync is None and len(set(accs)) == 1
     if torch.compiler.is_compiling():  # the terms of any r (g d / p always)
@@ -764,11 +760,11 @@ def _single_tensor_am_adamw(
             g, d, x = gs[i], ds[i], xs[i]
             # step 3, in float32 for half precision, and sqrt(v) first: v / (1 - beta2^t)
             # overflows float16 (and float32 for |g| above about 1e19)
-            op = accumulation_dtype([g.dtype])
+            op = compute_dtype([g.dtype])
             v_op = vs[i].to(op) if vs[i].dtype == op else _saturate(vs[i])
             p = v_op.sqrt().div_(roots[i]).add_(eps).mul_(c.to(device=g.device, dtype=op))
             ps[i] = p
-            # step 4, the weighted terms of algorithms.md in the accumulation dtype, each
+            # step 4, the weighted terms of algorithms.md in the compute dtype, each
             # a ratio of size O(1) (g/p, u (d-g), w (d-g), w d, w g with p ~ |g|) times g,
             # d, d-g or x, never g*g: no term underflows or overflows where g itself fits
             g_, d_, x_, p_ = (t.to(acc) for t in (g, d, x, p))
@@ -890,7 +886,7 @@ class _AdamKernels:
 
         gs = lists[1]
         self.dtype = gs[0].dtype
-        self.op = accumulation_dtype([self.dtype])  # elementwise: float32 for half precision
+        self.op = compute_dtype([self.dtype])  # elementwise: float32 for half precision
         self.rd = reduce_dtype
         self.device = gs[0].device
         self.n = len(gs)
@@ -1099,7 +1095,7 @@ def _multi_tensor_am_adamw(
     lam, per_layer = config.lam, config.per_layer
     wd = 0.0 if weight_decay_mode == "l2" else weight_decay
     weights = _rule.adam_weights(config, lr=lr, weight_decay=wd, lr_ratio=lr_ratio)
-    scope_acc = accumulation_dtype([real_dtype(p) for p in params])
+    scope_acc = compute_dtype([real_dtype(p) for p in params])
     scope_prod = beta1_prods[0].to(scope_acc)
     grouped = Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, exp_avgs, exp_avg_sqs, state_steps],  # type: ignore[list-item]
@@ -1128,7 +1124,7 @@ def _multi_tensor_am_adamw(
             for ts in (dev_params, dev_grads, dev_exp_avgs_, dev_exp_avg_sqs_)
         )
         device, dtype = lists[1][0].device, lists[1][0].dtype
-        op = accumulation_dtype([dtype])  # elementwise dtype: float32 for half precision
+        op = compute_dtype([dtype])  # elementwise dtype: float32 for half precision
         acc = op if per_layer else scope_acc
         if per_layer:
             prods = torch.stack([beta1_prods[k].to(device) for k in indices]).to(acc)

@@ -13,11 +13,6 @@ from amopt.core import rule as _rule
 from amopt.core.config import AMConfig, check_interval
 from amopt.torch import _distributed, _fused_ops, _traced_ops
 from amopt.torch._common import (
-    Scaler,
-    SGDHyper,
-    SGDTensors,
-    accumulation_dtype,
-    as_real,
     cast,
     check_fused_device,
     check_group_flags,
@@ -25,17 +20,25 @@ from amopt.torch._common import (
     check_torch_options,
     foreach_grads,
     foreach_sqsum,
+    group_rule_config,
     hyper_lr,
     hyper_ratio,
     new_step,
-    real_dtype,
     rule_by_rows,
     rule_config,
-    scope_sums,
     sqsum,
     torch_worded,
     total,
     unscale,
+)
+from amopt.torch._records import (
+    Scaler,
+    SGDHyper,
+    SGDTensors,
+    as_real,
+    compute_dtype,
+    real_dtype,
+    scope_sums,
     wide_dtype,
 )
 from amopt.torch._step import StepTemplate, family_paths, functional
@@ -67,9 +70,7 @@ _DEFAULTS: dict[str, Any] = {
 
 def _config(group: dict[str, Any], beta_max: float | None = None) -> AMConfig:
     """The group's rule configuration (validated; built once per distinct value)."""
-    keys = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
-    cap = group["beta_max"] if beta_max is None else beta_max
-    return rule_config(numerator="linear", beta_max=cap, **{k: group[k] for k in keys})
+    return group_rule_config(group, group["beta_max"] if beta_max is None else beta_max)
 
 
 def _group_hyper(
@@ -107,7 +108,7 @@ class AMSGD(StepTemplate):
 
     with :math:`\beta_t = 0` whenever :math:`\langle v,v\rangle \le \epsilon^2
     (\langle d,d\rangle + \langle g,g\rangle)` (:math:`\epsilon` the machine
-    epsilon of the accumulation dtype), which makes step 0 a plain gradient
+    epsilon of the compute dtype), which makes step 0 a plain gradient
     step. Inner products run over the *beta scope*: every parameter of the param
     group with a gradient (``per_layer=False``, the default, as in the paper's
     vision runs) or each parameter tensor on its own (``per_layer=True``).
@@ -219,8 +220,9 @@ class AMSGD(StepTemplate):
 
     **State.** Per parameter: ``step`` (a CPU counter, as in ``torch.optim.Adam``),
     ``momentum_buffer`` (:math:`d`) and ``beta`` (the 0-d beta last applied, in the
-    accumulation dtype: float32 for half-precision and float32 parameters,
-    float64 when the scope holds a float64 tensor). ``state_dict()`` holds all of
+    compute dtype: float32 for half-precision and float32 parameters,
+    float64 when the scope holds a float64 tensor; the sums of squares it is formed
+    from are float64 wherever the device has it). ``state_dict()`` holds all of
     it, so saving and loading mid-run continues bit-identically.
 
     **Another optimizer's state dict** is refused with a ``ValueError``: a
@@ -504,7 +506,7 @@ def amsgd(
     -------
     list of Tensor
         The 0-d beta applied to each parameter (the same tensor for all
-        parameters when ``per_layer=False``), in the accumulation dtype.
+        parameters when ``per_layer=False``), in the compute dtype.
 
     Examples
     --------
@@ -575,7 +577,7 @@ def _single_tensor_amsgd(
 
     # reduce: <v,v>, <g,g>, <d,d> of each scope (the buffers hold v = d - g afterwards)
     scopes = [[i] for i in range(n)] if config.per_layer else [list(range(n))]
-    accs = [accumulation_dtype(gs[i].dtype for i in scope) for scope in scopes]
+    accs = [compute_dtype(gs[i].dtype for i in scope) for scope in scopes]
     # whether the buffers hold v = d - g after the reduce (else the apply forms it again)
     stored = True
     if torch.compiler.is_compiling() and sync is None and len(set(accs)) == 1:
@@ -616,7 +618,7 @@ def _single_tensor_amsgd(
         gamma_k = gamma[k]
         for i in scope:
             # in float32 for half precision (stored back in the param dtype)
-            op = accumulation_dtype([ds[i].dtype])
+            op = compute_dtype([ds[i].dtype])
             v = ds[i] if stored else ds[i] - gs[i]  # in the buffer's dtype, as the reduce's
             d, g, x = (t.to(op) for t in (v, gs[i], xs[i]))
             d.mul_(gamma_k.to(device=d.device, dtype=op)).add_(g)
@@ -646,7 +648,7 @@ def _multi_tensor_amsgd(
     if n == 0:
         return []
     per_layer = config.per_layer
-    scope_acc = accumulation_dtype([real_dtype(p) for p in params])
+    scope_acc = compute_dtype([real_dtype(p) for p in params])
     grouped = Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, momentum_buffer_list, state_steps],  # type: ignore[list-item]
         with_indices=True,
@@ -669,7 +671,7 @@ def _multi_tensor_amsgd(
 
         lists = [[as_real(t) for t in ts] for ts in (dev_params, dev_grads, dev_bufs)]
         device, dtype = lists[1][0].device, lists[1][0].dtype
-        op = accumulation_dtype([dtype])  # elementwise: float32 for half precision
+        op = compute_dtype([dtype])  # elementwise: float32 for half precision
         numels = [t.numel() for t in lists[1]]
         contiguous = all(t.is_contiguous() for ts in lists for t in ts)
         mode = foreach_mode(device, sum(numels), half=dtype != op, contiguous=contiguous)

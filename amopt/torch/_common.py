@@ -21,30 +21,21 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from amopt import backends
 from amopt.core import rule as _rule
 from amopt.core.config import AMConfig, check_betas, check_bool, check_interval, check_nonnegative
 from amopt.torch import _eager, _fused, _traced_ops
-from amopt.torch._records import (  # noqa: F401 - the records, re-exported
-    NO_SCALER,
-    AdamHyper,
-    AdamTensors,
+from amopt.torch._records import (
     FusedFallbackWarning,
-    Scaler,
-    SGDHyper,
-    SGDTensors,
-    Sharded,
-    accumulation_dtype,
-    as_real,
+    compute_dtype,
     kept_copy,
     real_dtype,
-    scope_sums,
     where_skipped,
-    wide_dtype,
 )
 
 __all__: list[str] = []
 
-#: Per-parameter state entries kept in the accumulation dtype (never cast to the param dtype).
+#: Per-parameter state entries kept in the compute dtype (never cast to the param dtype).
 SCALAR_STATE_KEYS = ("beta", "beta1_prod")
 
 #: The per-parameter state entries of the AM optimizers: one optimizer refuses another's
@@ -256,6 +247,19 @@ def rule_config(**kwargs: Any) -> AMConfig:
     if torch.compiler.is_compiling():
         return AMConfig(**kwargs)
     return AMConfig.cached(**kwargs)
+
+
+#: The rule's options a param group holds under the rule's own names (``beta_max`` is
+#: each family's: AMSGD's ``beta_max``, AMAdamW's ``betas[0]``).
+GROUP_RULE_KEYS = ("lam", "per_layer", "variant", "beta_min", "theta", "beta_high", "beta_low")
+
+
+def group_rule_config(group: dict[str, Any], beta_max: float) -> AMConfig:
+    """The rule configuration of a param group whose cap is ``beta_max`` (the torch
+    optimizers' numerator is the linearised one)."""
+    return rule_config(
+        numerator="linear", beta_max=beta_max, **{k: group[k] for k in GROUP_RULE_KEYS}
+    )
 
 
 # --------------------------------------------------------------------------- dtypes, steps
@@ -635,10 +639,10 @@ def piece_sums(results: Sequence[Sequence[Tensor]]) -> Tensor:
 
 
 def rule_by_rows(rule: Any, rows: Sequence[Tensor], *args: Any, **kwargs: Any) -> Any:
-    """``rule(torch, stacked rows, ...)``; row by row when scopes differ in accumulation dtype.
+    """``rule(torch, stacked rows, ...)``; row by row when scopes differ in compute dtype.
 
     A per-layer group mixing float64 and float32 tensors keeps each scope's beta in its
-    own accumulation dtype (stacking would promote every row to float64). Compiled, the
+    own compute dtype (stacking would promote every row to float64). Compiled, the
     rule is the operator ``amopt::rule`` (:mod:`amopt.torch._traced_ops`).
     """
     if torch.compiler.is_compiling():  # one node of the graph, not scalars in every loop
@@ -723,9 +727,9 @@ def triton_unavailable(tensors: Sequence[Tensor]) -> str | None:
 
 
 def fused_devices() -> list[str]:
-    """Device types ``fused=True`` supports: the CPU (C kernels), CUDA with Triton installed."""
-    mod = triton_module()
-    return ["cpu", "cuda"] if mod is not None and mod.available([]) is None else ["cpu"]
+    """Device types ``fused=True`` supports: the CPU (C kernels), CUDA with Triton installed
+    (the registry's answer, :func:`amopt.backends.library_available`)."""
+    return ["cpu", "cuda"] if backends.library_available("triton") else ["cpu"]
 
 
 def check_fused_device(p: Tensor) -> None:
@@ -746,25 +750,14 @@ def check_fused_device(p: Tensor) -> None:
 _REAL_DTYPES = frozenset((torch.float32, torch.float64))
 
 
-def _fused_cpu_missing() -> str:
-    """Why the fused CPU kernels cannot be loaded ("" when they can).
-
-    Loading takes a lock and may compile; ``torch.compile`` calls this eagerly and keeps
-    its result as a constant of the graph.
-    """
-    if _fused.library() is None:
-        return f"the fused CPU kernels are unavailable ({_fused.fused_status()['error']})"
-    return ""
-
-
 # a constant of the graph where torch.compile traces (decorated on first traced use:
 # the decorator imports the compiler, see amopt.torch._eager)
-_eager.register("fused_cpu_missing", "assume_constant_result", _fused_cpu_missing)
+_eager.register("fused_cpu_missing", "assume_constant_result", _fused.missing)
 
 
 def _fused_cpu_unavailable(tensors: Sequence[Tensor]) -> str | None:
     compiling = torch.compiler.is_compiling()
-    missing = _eager.fused_cpu_missing() if compiling else _fused_cpu_missing()
+    missing = _eager.fused_cpu_missing() if compiling else _fused.missing()
     if missing:
         return missing
     try:
@@ -976,26 +969,9 @@ class AMOptimizerBase(Optimizer):
             return None, None
         return plan, grads
 
-    def _keep_group_plan(
-        self,
-        kind: str,
-        group: dict[str, Any],
-        flags: tuple,
-        params: list[Tensor],
-        grads: list[Tensor],
-        buffers: list[list[Tensor]],
-        sharded: Sharded | None = None,
-    ) -> None:
-        """After a Triton step of a group: plan its next steps (see
-        ``amopt.torch._triton.group_plan``), moving its 0-d state into group tensors.
-
-        ``sharded``: for a sharded group, its local tensors and how later steps find
-        them (``amopt.torch._distributed.plan_locals``).
-        """
-        if torch.compiler.is_compiling():
-            return
-        mod = triton_module()
-        plan = mod.group_plan(kind, self.state, group, flags, params, grads, buffers, sharded)
+    def _keep_group_plan(self, group: dict[str, Any], plan: Any) -> None:
+        """Keep ``plan`` (``None``: none) for the coming steps of ``group``, which
+        :meth:`_group_plan` finds."""
         if plan is not None:
             self.__dict__.setdefault("_am_plans", {})[id(group)] = plan
 
@@ -1102,7 +1078,7 @@ class AMOptimizerBase(Optimizer):
         """The beta applied at the latest step, per param group and parameter.
 
         Returns one list per param group, aligned with ``group["params"]``:
-        the 0-d tensor (accumulation dtype, on the device where it was
+        the 0-d tensor (compute dtype, on the device where it was
         computed) last applied to that parameter, or ``None`` before the
         parameter's first step. In a global-scope group (``per_layer=False``)
         every entry is the group's single beta. The tensors are the ones held in
@@ -1135,7 +1111,7 @@ class AMOptimizerBase(Optimizer):
             return
         if group["per_layer"]:
             for p in missing:
-                dtype = accumulation_dtype([real_dtype(p)])
+                dtype = compute_dtype([real_dtype(p)])
                 self.state[p]["beta"] = torch.zeros((), dtype=dtype, device=p.device)
             return
         shared = next(
@@ -1143,7 +1119,7 @@ class AMOptimizerBase(Optimizer):
             None,
         )
         if shared is None:
-            dtype = accumulation_dtype([real_dtype(p) for p in params])
+            dtype = compute_dtype([real_dtype(p) for p in params])
             shared = torch.zeros((), dtype=dtype, device=params[0].device)
         for p in missing:
             self.state[p]["beta"] = shared
@@ -1203,7 +1179,7 @@ class AMOptimizerBase(Optimizer):
     _migrated_keys: frozenset[str] = frozenset()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict; ``beta`` / ``beta1_prod`` keep their accumulation dtype.
+        """Load a state dict; ``beta`` / ``beta1_prod`` keep their compute dtype.
 
         ``torch.optim.Optimizer.load_state_dict`` casts every floating state
         tensor to its parameter's dtype; for the 0-d beta entries of bf16/fp16

@@ -36,15 +36,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from amopt.torch._common import as_real, foreach_sqsum
-from amopt.torch._records import Sharded
+from amopt.torch._common import foreach_sqsum
+from amopt.torch._records import Sharded, as_real
 
 __all__ = [
     "ScopeSync",
     "attach",
     "comm_stats",
     "join_empty",
-    "keep_group_plan",
     "localize",
     "plan_locals",
     "scope_group",
@@ -459,25 +458,6 @@ def localize(
     if not sync.needs_collective:
         sync = None
     return (local_params, local_grads, *local_states, sync)
-
-
-def keep_group_plan(
-    optimizer: Any,
-    kind: str,
-    group: dict[str, Any],
-    flags: tuple,
-    params: list[Tensor],
-    grads: list[Tensor],
-    buffers: list[list[Tensor]],
-    process_group: Any = None,
-) -> None:
-    """After a Triton step of ``group``: have ``optimizer`` plan its next steps over the
-    group's local tensors (:func:`plan_locals`; the tensors themselves where nothing is
-    sharded). ``kind``: ``"sgd"`` or ``"adam"``."""
-    sharded = plan_locals(
-        params, grads, buffers, per_layer=group["per_layer"], process_group=process_group
-    )
-    optimizer._keep_group_plan(kind, group, flags, params, grads, buffers, sharded)
 
 
 def plan_locals(

@@ -483,6 +483,18 @@ def library() -> _Kernels | None:
     return _state["lib"]
 
 
+def missing() -> str:
+    """Why the fused CPU kernels cannot be loaded (``""`` when they can): the one check of
+    their availability, which every caller asks.
+
+    Loading takes a lock and may compile; ``torch.compile`` calls this eagerly and keeps
+    its result as a constant of the graph (``amopt.torch._eager.fused_cpu_missing``).
+    """
+    if library() is None:
+        return f"the fused CPU kernels are unavailable ({_state.get('error')})"
+    return ""
+
+
 def fused_status() -> dict[str, object]:
     """Whether the fused kernels are available, which ones, and why not if not.
 
@@ -938,9 +950,10 @@ def fused_amsgd(
         return None
     if n == 0:
         return []
+    reason = missing()
+    if reason:
+        return reason
     kernels = library()
-    if kernels is None:
-        return f"the fused kernels are unavailable ({_state.get('error')})"
     checked = _check([params, grads, momentum_buffer_list])
     if isinstance(checked, str):
         return checked
@@ -1039,9 +1052,10 @@ def fused_am_adamw(
             f"weight_decay_mode must be one of {tuple(_MODES)}; "
             f"got weight_decay_mode={weight_decay_mode!r}"
         )
+    reason = missing()
+    if reason:
+        return reason
     kernels = library()
-    if kernels is None:
-        return f"the fused kernels are unavailable ({_state.get('error')})"
     checked = _check([params, grads, exp_avgs, exp_avg_sqs])
     if isinstance(checked, str):
         return checked
@@ -1140,9 +1154,10 @@ def adam_traffic(
     float
         The sum of the values the first pass read (kept so that no load is dropped).
     """
+    reason = missing()
+    if reason:
+        raise RuntimeError(reason)
     kernels = library()
-    if kernels is None:
-        raise RuntimeError(f"the fused kernels are unavailable ({_state.get('error')})")
     checked = _check([list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)])
     if isinstance(checked, str):
         raise ValueError(f"adam_traffic: {checked}")

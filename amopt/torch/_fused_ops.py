@@ -28,7 +28,7 @@ from amopt.torch._records import (
     Scaler,
     SGDHyper,
     SGDTensors,
-    accumulation_dtype,
+    compute_dtype,
     real_dtype,
     rule_config_from,
     rule_numbers,
@@ -139,7 +139,7 @@ _adam_hyper = partial(hyper, ADAM)
 
 
 def _dtype(params: list[Tensor]) -> torch.dtype:
-    return accumulation_dtype([real_dtype(p) for p in params])
+    return compute_dtype([real_dtype(p) for p in params])
 
 
 def _store(olds: list[Tensor], news: list[Tensor], found_inf: Tensor | None) -> None:

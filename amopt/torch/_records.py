@@ -26,7 +26,7 @@ __all__ = [
     "SGDTensors",
     "Sharded",
     "Scaler",
-    "accumulation_dtype",
+    "compute_dtype",
     "as_real",
     "kept_copy",
     "kept_empty",
@@ -183,8 +183,12 @@ class Scaler(NamedTuple):
 NO_SCALER = Scaler()
 
 
-def accumulation_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
-    """float64 if any of ``dtypes`` is float64, else float32 (half precision is promoted)."""
+def compute_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
+    """The dtype a scope's rule and the elementwise updates compute in, and beta is kept
+    in: float64 if any of ``dtypes`` is float64, else float32 (half precision is
+    promoted), as :func:`amopt.core.reduce.compute_dtype` for one array. Not the dtype
+    the sums of squares are formed in: that is :func:`wide_dtype` (float64 wherever the
+    device has it)."""
     return torch.float64 if any(dt == torch.float64 for dt in dtypes) else torch.float32
 
 

@@ -25,14 +25,11 @@ from amopt.torch import _distributed, _fused, _fused_ops
 from amopt.torch._common import (
     AMOptimizerBase,
     InfSkip,
-    Scaler,
-    accumulation_dtype,
     as_float,
     default_path,
     hyper_lr,
     hyper_ratio,
     plan_flags,
-    real_dtype,
     step_lr,
     triton_module,
     unscale,
@@ -40,6 +37,7 @@ from amopt.torch._common import (
 )
 from amopt.torch._fused import warn_fallback
 from amopt.torch._fused_ops import Family
+from amopt.torch._records import Scaler, compute_dtype, real_dtype
 
 __all__ = ["Paths", "StepTemplate", "family_paths", "functional"]
 
@@ -113,7 +111,7 @@ def fused_step(paths: Paths, t: Any, h: Any, amp: Scaler, sync: Any) -> Any:
     family = paths.family
     out = _fused.eagerly(getattr(_fused, f"fused_{family.name}"), t, h, amp, sync)
     if out is None:  # found_inf skipped the step: nothing changed; the caller keeps its betas
-        dtype = accumulation_dtype([real_dtype(p) for p in t.params])
+        dtype = compute_dtype([real_dtype(p) for p in t.params])
         skipped = [torch.zeros((), dtype=dtype, device=t.params[0].device)] * len(t.params)
         return (skipped, list(getattr(t, family.products))) if family.products else skipped
     if isinstance(out, str):
@@ -269,11 +267,26 @@ class StepTemplate(AMOptimizerBase):
                 entries.append((self._product_key, prods, None))
             self._store_state(group, t.params, entries)
             if path == "triton":
-                buffers = [getattr(t, n) for n in _buffers(family)]
-                _distributed.keep_group_plan(
-                    self, paths.plan, group, flags, t.params, t.grads, buffers, process_group
-                )
+                self._plan_group(paths.plan, group, flags, t, process_group)
         return loss
+
+    def _plan_group(
+        self, kind: str, group: dict[str, Any], flags: tuple, t: Any, process_group: Any
+    ) -> None:
+        """After a Triton step of ``group`` (tensors ``t``): plan its next steps over the
+        group's local tensors (``amopt.torch._triton.group_plan``;
+        :func:`_distributed.plan_locals` for a sharded group), which moves its 0-d state
+        into group tensors. ``kind``: ``"sgd"`` or ``"adam"``."""
+        buffers = [getattr(t, n) for n in _buffers(self._paths.family)]
+        sharded = _distributed.plan_locals(
+            t.params, t.grads, buffers, per_layer=group["per_layer"], process_group=process_group
+        )
+        if torch.compiler.is_compiling():
+            return
+        plan = triton_module().group_plan(
+            kind, self.state, group, flags, t.params, t.grads, buffers, sharded
+        )
+        self._keep_group_plan(group, plan)
 
     def _planned_step(self, group: dict[str, Any], flags: tuple, value: Any) -> bool:
         """The group's step on its Triton plan, if it has one that still applies."""

@@ -69,6 +69,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from amopt import backends
 from amopt.backends import triton as _emit
 from amopt.backends.torch import rule as _torch_rule
 from amopt.core import rule as _rule
@@ -111,16 +112,6 @@ _ADAM_COLUMNS = 7  # x, g, d, v addresses, numel, scope, tensor index
 # --------------------------------------------------------------------------- availability
 
 
-@functools.cache
-def _triton_import_error() -> str | None:
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        return str(exc)
-    return None
-
-
 def _interpret() -> bool:
     """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``).
 
@@ -135,7 +126,7 @@ def _interpret() -> bool:
 
 
 def _interpret_eagerly() -> bool:
-    if _triton_import_error() is not None:
+    if not backends.library_available("triton"):
         return False
     return _torch_rule._interpret()
 
@@ -167,9 +158,9 @@ def available(tensors: Iterable[Tensor]) -> str | None:
     >>> available([torch.zeros(3, dtype=torch.int64)]) is not None
     True
     """
-    error = _triton_import_error()
-    if error is not None:
-        return f"triton is not installed ({error})"
+    # whether Triton imports is the registry's answer, probed once per process
+    if not backends.library_available("triton"):
+        return "triton is not installed (or does not import)"
     interpret = _interpret()
     device = None
     for t in tensors:
@@ -694,7 +685,7 @@ class _Launch:
     """The tensors of one dtype: their address table and block maps."""
 
     dtype: torch.dtype
-    acc: torch.dtype  # the accumulation dtype of the sums this launch writes
+    acc: torch.dtype  # the compute dtype of the sums this launch writes
     array: int  # index of that sums array
     members: list[int]  # the tensors (indices into the step's lists), in table order
     full: Tensor  # int32 (n_full, 3): table row, chunk, partial-sums row
@@ -1041,7 +1032,7 @@ class GroupState:
 
     ``steps``: the step counter of every tensor, shape ``(n,)``; per sums array of
     the plan, ``prods`` (AM-Adam(W)'s running products :math:`\\pi`, one per scope,
-    in the accumulation dtype; ``None`` for AMSGD) and ``betas`` (the beta last
+    in the compute dtype; ``None`` for AMSGD) and ``betas`` (the beta last
     applied per scope). The optimizers keep their per-parameter state entries as
     views of these tensors, so that a step updates them all with a few operations.
     """
@@ -1244,7 +1235,7 @@ def _sgd_core(
     sums = _reduce_and_sum(plan, launch_reduce, kernels, options, sync)
     # the squares of float32 gradients leave float32's range long before the gradients
     # do, and beta, a ratio of their sums, does not: the sums are float64, the rule runs
-    # on them and its outputs are rounded to the accumulation dtype
+    # on them and its outputs are rounded to the compute dtype
     make = kernels.get("rule")
     rule = []
     # r = lr_{t-1} / lr_t: a fourth input of the rule where it is not the number 1
@@ -1353,7 +1344,7 @@ def triton_amsgd(
     Returns
     -------
     list of Tensor
-        The 0-d beta of each parameter's scope, in the accumulation dtype (one
+        The 0-d beta of each parameter's scope, in the compute dtype (one
         tensor shared by every parameter when ``config.per_layer`` is False); with
         ``state``, ``state.betas`` (one tensor per sums array) instead.
     """
@@ -1594,7 +1585,7 @@ def triton_am_adamw(
     -------
     betas, beta1_prods : list of Tensor
         Per parameter, the 0-d beta of its scope and the scope's new product, in
-        the accumulation dtype (shared tensors when ``config.per_layer`` is False).
+        the compute dtype (shared tensors when ``config.per_layer`` is False).
         On a skipped step the betas are not applied and the products are the old ones.
     """
     name = "triton_am_adamw"
