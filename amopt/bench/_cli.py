@@ -25,7 +25,7 @@ from pathlib import Path
 from amopt.bench import _problem_set, _rows, cases
 from amopt.bench._records import Measured, Result, Row, Settings
 from amopt.bench._rows import A9A_ENV
-from amopt.bench._timing import load_average, machine_info, memory_bandwidth
+from amopt.bench._timing import cpu_family_model, load_average, machine_info, memory_bandwidth
 
 __all__ = [
     "A9A_ENV",
@@ -350,25 +350,6 @@ def _write_json(
     os.replace(tmp, path)
 
 
-def _cpu_family_model() -> dict[str, str]:
-    """``/proc/cpuinfo``'s cpu family and model (a model name such as "AMD EPYC" covers
-    several generations: family 25 model 17 is Zen 4, family 26 Zen 5); empty elsewhere."""
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                name, _, value = line.partition(":")
-                if name.strip() in ("cpu family", "model") and name.strip() not in found:
-                    found[name.strip()] = value.strip()
-                if not line.strip():  # the first processor's block is enough
-                    break
-    except OSError:
-        return {}
-    if len(found) < 2:
-        return {}
-    return {"cpu family/model": f"{found['cpu family']}/{found['model']}"}
-
-
 def _problem_set_outcomes() -> dict:
     """Every method's outcome on every measured problem of the set: the table of
     ``--problem-set`` as numbers (``nit`` None: the test not reached in ``maxiter``)."""
@@ -467,7 +448,7 @@ def main(argv: Sequence[str] | None = None, suite: Suite | None = None) -> int:
     )
     mib = _PROBE_MIB[settings.quick]
     before, bw_before = load_average(), memory_bandwidth(mib, threads=settings.threads)
-    info = {**machine_info(), **_cpu_family_model()}
+    info = {**machine_info(), **cpu_family_model()}
     measures = {
         "load_before": before,
         "memory_bandwidth_gbs_before": bw_before,

@@ -22,6 +22,7 @@ __all__ = [
     "interleave",
     "interleave_counted",
     "load_average",
+    "cpu_family_model",
     "machine_info",
     "memory_bandwidth",
     "timed_rounds",
@@ -333,28 +334,43 @@ def cpu_model() -> str:
     >>> isinstance(cpu_model(), str) and cpu_model() != ""
     True
     """
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The fields of the first processor of ``/proc/cpuinfo`` (empty where there is none):
+    every processor of a machine reports the same model and flags."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    if fields:  # the end of the first processor's block
+                        break
+                    continue
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return fields
+
+
+def cpu_family_model() -> dict[str, str]:
+    """``{"cpu family/model": "25/17"}`` from ``/proc/cpuinfo``; empty elsewhere.
+
+    A model name such as "AMD EPYC" covers several generations (family 25 model 17 is
+    Zen 4, family 26 Zen 5).
+    """
+    info = _cpuinfo()
+    if "cpu family" not in info or "model" not in info:
+        return {}
+    return {"cpu family/model": f"{info['cpu family']}/{info['model']}"}
 
 
 def vector_isa() -> str:
     """The widest x86 vector extension the CPU reports (``/proc/cpuinfo`` flags), and what
     NumPy and torch dispatch to (they can be limited, e.g. by ``ATEN_CPU_CAPABILITY``)."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    flags = set(_cpuinfo().get("flags", "").split())
     if "avx512f" in flags:
         isa = "AVX-512"
     elif "avx2" in flags:
